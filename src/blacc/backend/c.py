@@ -1,0 +1,167 @@
+"""Render lowered kernel IR as C99 (with the ISA's intrinsics when it has vectors).
+
+``render(module, isa) -> str``. Rendering is separate from compiling: see
+``backend.compiler`` and ``runtime.cache``. Vector operations are printed with the
+ISA's templates; scalar ones with C operators. Exported functions return ``int``:
+0 on success, 1 when a scratch allocation failed.
+"""
+
+from __future__ import annotations
+
+from ..errors import ScheduleError
+from ..ir import kernel as k
+from ..target.isa import Isa
+
+_SCALAR = {"f32": "float", "f64": "double", "i64": "int64_t", "i32": "int32_t", "bool": "int"}
+_INFIX = {"+", "-", "*", "/", "%", "<", "<=", "==", "!=", "and"}
+
+
+class _Renderer:
+    def __init__(self, isa: Isa) -> None:
+        self.isa = isa
+
+    # ------------------------------------------------------------------ types and values
+    def type(self, dtype: str, lanes: int) -> str:
+        if lanes == 1:
+            return _SCALAR[dtype]
+        vec = self.isa.vectors.get(dtype)
+        if vec is None or vec.lanes != lanes:
+            raise ScheduleError(f"target {self.isa.name} has no {lanes}-lane {dtype} vector")
+        return vec.c_name
+
+    def const(self, e: k.Const) -> str:
+        if e.dtype == "f32":
+            return f"{float(e.value)!r}f"
+        if e.dtype == "f64":
+            return repr(float(e.value))
+        return str(int(e.value))
+
+    def addr(self, buf: str, index: k.Expr) -> str:
+        idx = self.expr(index)
+        return buf if idx == "0" else f"&{buf}[{idx}]"
+
+    def mask(self, dtype: str, count: k.Expr) -> str:
+        return self.isa.op("mask", dtype).format(count=self.expr(count))
+
+    def expr(self, e: k.Expr) -> str:  # noqa: C901 - one case per node
+        if isinstance(e, k.Const):
+            return self.const(e)
+        if isinstance(e, k.Var):
+            return e.name
+        if isinstance(e, k.Bin):
+            a, b = self.expr(e.a), self.expr(e.b)
+            if e.lanes > 1:
+                return self.isa.op(e.op, e.dtype).format(a=a, b=b)
+            if e.op == "min":
+                return f"({a} < {b} ? {a} : {b})"
+            if e.op == "max":
+                return f"({a} > {b} ? {a} : {b})"
+            op = "&&" if e.op == "and" else e.op
+            return f"({a} {op} {b})"
+        if isinstance(e, k.Load):
+            if e.lanes == 1:
+                return f"{e.buf}[{self.expr(e.index)}]"
+            addr = self.addr(e.buf, e.index)
+            if e.count is None:
+                return self.isa.op("load", e.dtype).format(addr=addr)
+            return self.isa.op("mask_load", e.dtype).format(addr=addr,
+                                                           mask=self.mask(e.dtype, e.count))
+        if isinstance(e, k.Broadcast):
+            v = e.value
+            if isinstance(v, k.Load) and v.lanes == 1 and v.count is None:
+                return self.isa.op("broadcast_load", e.dtype).format(addr=self.addr(v.buf, v.index))
+            return self.isa.op("splat", e.dtype).format(x=self.expr(v))
+        if isinstance(e, k.Fma):
+            a, b, c = self.expr(e.a), self.expr(e.b), self.expr(e.c)
+            if e.lanes > 1:
+                return self.isa.op("fma", e.dtype).format(a=a, b=b, c=c)
+            return f"({a} * {b} + {c})"
+        if isinstance(e, k.Select):
+            return f"({self.expr(e.cond)} ? {self.expr(e.a)} : {self.expr(e.b)})"
+        if isinstance(e, k.Ref):
+            return self.addr(e.buf, e.index)
+        raise TypeError(f"the C backend cannot print {type(e).__name__}")
+
+    # ------------------------------------------------------------------ statements
+    def stmts(self, body: tuple[k.Stmt, ...], indent: int) -> list[str]:
+        return [line for s in body for line in self.stmt(s, indent)]
+
+    def stmt(self, s: k.Stmt, indent: int) -> list[str]:  # noqa: C901 - one case per node
+        pad = "    " * indent
+        if isinstance(s, k.Comment):
+            return [f"{pad}/* {s.text} */"]
+        if isinstance(s, k.Decl):
+            return [f"{pad}{self.type(s.var.dtype, s.var.lanes)} {s.var.name} = "
+                    f"{self.expr(s.value)};"]
+        if isinstance(s, k.Assign):
+            return [f"{pad}{s.var.name} = {self.expr(s.value)};"]
+        if isinstance(s, k.Store):
+            lanes = s.value.lanes
+            if lanes == 1:
+                return [f"{pad}{s.buf}[{self.expr(s.index)}] = {self.expr(s.value)};"]
+            addr, x = self.addr(s.buf, s.index), self.expr(s.value)
+            dt = s.value.dtype
+            if s.count is None:
+                return [f"{pad}{self.isa.op('store', dt).format(addr=addr, x=x)};"]
+            mask = self.mask(dt, s.count)
+            return [f"{pad}{self.isa.op('mask_store', dt).format(addr=addr, mask=mask, x=x)};"]
+        if isinstance(s, k.For):
+            v = s.var.name
+            head = (f"{pad}for (int64_t {v} = {self.expr(s.start)}; {v} < {self.expr(s.stop)}; "
+                    f"{v} += {s.step}) {{")
+            return [head, *self.stmts(s.body, indent + 1), f"{pad}}}"]
+        if isinstance(s, k.If):
+            lines = [f"{pad}if ({self.expr(s.cond)}) {{", *self.stmts(s.then, indent + 1)]
+            if s.orelse:
+                lines += [f"{pad}}} else {{", *self.stmts(s.orelse, indent + 1)]
+            return [*lines, f"{pad}}}"]
+        if isinstance(s, k.Alloc):
+            # aligned_alloc needs a size that is a multiple of the alignment.
+            t, a = _SCALAR[s.dtype], s.align
+            size = f"(((size_t)({self.expr(s.size)}) * sizeof({t}) + {a - 1}) & ~(size_t){a - 1})"
+            return [f"{pad}{s.buf} = ({t} *)aligned_alloc({a}, {size});",
+                    f"{pad}if (!{s.buf}) goto out_of_memory;"]
+        if isinstance(s, k.Free):
+            return [f"{pad}free({s.buf});"]
+        if isinstance(s, k.Call):
+            return [f"{pad}{s.func}({', '.join(self.expr(a) for a in s.args)});"]
+        if isinstance(s, k.Prefetch):
+            return [f"{pad}__builtin_prefetch({self.addr(s.buf, s.index)}, {int(s.write)}, 3);"]
+        raise TypeError(f"the C backend cannot print {type(s).__name__}; lower it first")
+
+    # ------------------------------------------------------------------ functions
+    def param(self, p: k.Param) -> str:
+        if p.pointer:
+            return f"{'const ' if p.const else ''}{_SCALAR[p.dtype]} *restrict {p.name}"
+        return f"{_SCALAR[p.dtype]} {p.name}"
+
+    def signature(self, f: k.Function) -> str:
+        ret = "int" if f.exported else "static void"
+        return f"{ret} {f.name}({', '.join(self.param(p) for p in f.params)})"
+
+    def function(self, f: k.Function) -> str:
+        allocs = [s for s in f.body if isinstance(s, k.Alloc)]
+        if allocs and not f.exported:
+            raise ScheduleError(f"{f.name}: scratch buffers belong to the entry function")
+        # Scratch pointers start NULL so that the failure path may free them all.
+        lines = [self.signature(f) + " {",
+                 *[f"    {_SCALAR[s.dtype]} *restrict {s.buf} = NULL;" for s in allocs],
+                 *self.stmts(f.body, 1)]
+        if f.exported:
+            lines.append("    return 0;")
+        if allocs:
+            lines += ["out_of_memory:", *[f"    free({s.buf});" for s in allocs], "    return 1;"]
+        lines.append("}")
+        return "\n".join(lines)
+
+
+def render(module: k.Module, isa: Isa) -> str:
+    """The module as one C translation unit."""
+    r = _Renderer(isa)
+    head = ["/* generated by blacc; target: " + isa.name + " */",
+            "#include <stdint.h>", "#include <stdlib.h>", "#include <stddef.h>"]
+    if isa.header:
+        head.append(f"#include <{isa.header}>")
+    protos = [r.signature(f) + ";" for f in module.functions if not f.exported]
+    bodies = [r.function(f) for f in module.functions]
+    return "\n".join(head) + "\n\n" + "\n".join(protos) + "\n\n" + "\n\n".join(bodies) + "\n"

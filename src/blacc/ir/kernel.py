@@ -1,0 +1,394 @@
+"""Layer 4: the kernel IR — functions, loops, buffers and SIMD values.
+
+Nodes are frozen dataclasses (hashable values). There is no C text here: the
+backends print these nodes. Two groups of statements exist:
+
+* tile-level operations made by applying a schedule (``PackSlivers``,
+  ``TileZero``, ``TileMMA``, ``TileStore``), which lowering passes expand;
+* plain operations every backend prints (``For``, ``Store``, ``Call``, ...).
+
+Every value has a type: an element type name ('f32', 'f64', 'i64', 'bool')
+and a lane count (1 for scalars). Vector values appear after lowering.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+# ----------------------------------------------------------------------------- expressions
+
+
+class Expr:
+    """Base of expressions. Operators build ``Bin`` nodes so index math reads naturally."""
+
+    dtype: str
+    lanes: int
+
+    def __add__(self, other: Expr | int) -> Expr:
+        return add(self, wrap(other))
+
+    def __radd__(self, other: int) -> Expr:
+        return add(wrap(other), self)
+
+    def __sub__(self, other: Expr | int) -> Expr:
+        return sub(self, wrap(other))
+
+    def __mul__(self, other: Expr | int) -> Expr:
+        return mul(self, wrap(other))
+
+    def __rmul__(self, other: int) -> Expr:
+        return mul(wrap(other), self)
+
+
+@dataclass(frozen=True, eq=True)
+class Const(Expr):
+    value: int | float
+    dtype: str = "i64"
+    lanes: int = 1
+
+
+@dataclass(frozen=True, eq=True)
+class Var(Expr):
+    name: str
+    dtype: str = "i64"
+    lanes: int = 1
+
+
+#: Binary operators and whether their result is boolean.
+BINARY_OPS = {"+": False, "-": False, "*": False, "/": False, "%": False, "min": False,
+              "max": False, "<": True, "<=": True, "==": True, "!=": True, "and": True}
+
+
+@dataclass(frozen=True, eq=True)
+class Bin(Expr):
+    op: str
+    a: Expr
+    b: Expr
+
+    def __post_init__(self) -> None:
+        if self.op not in BINARY_OPS:
+            raise ValueError(f"unknown binary operator {self.op!r}")
+
+    @property
+    def dtype(self) -> str:  # type: ignore[override]
+        return "bool" if BINARY_OPS[self.op] else self.a.dtype
+
+    @property
+    def lanes(self) -> int:  # type: ignore[override]
+        return max(self.a.lanes, self.b.lanes)
+
+
+@dataclass(frozen=True, eq=True)
+class Load(Expr):
+    """``lanes`` consecutive elements of ``buf`` from ``index``; with ``count``, only the
+    first ``count`` lanes are read (the others are zero) — a masked load."""
+
+    buf: str
+    index: Expr
+    dtype: str
+    lanes: int = 1
+    count: Expr | None = None
+
+
+@dataclass(frozen=True, eq=True)
+class Broadcast(Expr):
+    """A scalar copied into every lane."""
+
+    value: Expr
+    lanes: int
+
+    @property
+    def dtype(self) -> str:  # type: ignore[override]
+        return self.value.dtype
+
+
+@dataclass(frozen=True, eq=True)
+class Fma(Expr):
+    """a * b + c, lane-wise, with one rounding where the target has it."""
+
+    a: Expr
+    b: Expr
+    c: Expr
+
+    @property
+    def dtype(self) -> str:  # type: ignore[override]
+        return self.c.dtype
+
+    @property
+    def lanes(self) -> int:  # type: ignore[override]
+        return self.c.lanes
+
+
+@dataclass(frozen=True, eq=True)
+class Select(Expr):
+    cond: Expr
+    a: Expr
+    b: Expr
+
+    @property
+    def dtype(self) -> str:  # type: ignore[override]
+        return self.a.dtype
+
+    @property
+    def lanes(self) -> int:  # type: ignore[override]
+        return self.a.lanes
+
+
+@dataclass(frozen=True, eq=True)
+class Ref(Expr):
+    """The address of ``buf[index]``: a pointer argument for a ``Call``."""
+
+    buf: str
+    index: Expr
+    dtype: str = "ptr"
+    lanes: int = 1
+
+
+def wrap(x: Expr | int) -> Expr:
+    return x if isinstance(x, Expr) else Const(x)
+
+
+def _const(e: Expr) -> int | float | None:
+    return e.value if isinstance(e, Const) else None
+
+
+def add(a: Expr, b: Expr) -> Expr:
+    if _const(a) == 0:
+        return b
+    if _const(b) == 0:
+        return a
+    if isinstance(a, Const) and isinstance(b, Const):
+        return Const(a.value + b.value, a.dtype)
+    return Bin("+", a, b)
+
+
+def sub(a: Expr, b: Expr) -> Expr:
+    if _const(b) == 0:
+        return a
+    if isinstance(a, Const) and isinstance(b, Const):
+        return Const(a.value - b.value, a.dtype)
+    return Bin("-", a, b)
+
+
+def mul(a: Expr, b: Expr) -> Expr:
+    if _const(a) == 1:
+        return b
+    if _const(b) == 1:
+        return a
+    if _const(a) == 0 or _const(b) == 0:
+        return Const(0, a.dtype)
+    if isinstance(a, Const) and isinstance(b, Const):
+        return Const(a.value * b.value, a.dtype)
+    return Bin("*", a, b)
+
+
+def minimum(a: Expr | int, b: Expr | int) -> Expr:
+    return Bin("min", wrap(a), wrap(b))
+
+
+def maximum(a: Expr | int, b: Expr | int) -> Expr:
+    return Bin("max", wrap(a), wrap(b))
+
+
+# ----------------------------------------------------------------------------- statements
+
+
+class Stmt:
+    """Base of statements."""
+
+
+@dataclass(frozen=True)
+class Comment(Stmt):
+    text: str
+
+
+@dataclass(frozen=True)
+class Decl(Stmt):
+    """Declare a local variable with an initial value."""
+
+    var: Var
+    value: Expr
+
+
+@dataclass(frozen=True)
+class Assign(Stmt):
+    var: Var
+    value: Expr
+
+
+@dataclass(frozen=True)
+class Store(Stmt):
+    """Write ``value`` (``value.lanes`` elements) to ``buf[index]``; with ``count``, only the
+    first ``count`` lanes are written — a masked store."""
+
+    buf: str
+    index: Expr
+    value: Expr
+    count: Expr | None = None
+
+
+@dataclass(frozen=True)
+class For(Stmt):
+    """for var in range(start, stop, step) — ``step`` is a positive constant."""
+
+    var: Var
+    start: Expr
+    stop: Expr
+    step: int
+    body: tuple[Stmt, ...]
+
+
+@dataclass(frozen=True)
+class If(Stmt):
+    cond: Expr
+    then: tuple[Stmt, ...]
+    orelse: tuple[Stmt, ...] = ()
+
+
+@dataclass(frozen=True)
+class Alloc(Stmt):
+    """A scratch buffer of ``size`` elements, aligned to ``align`` bytes, freed by ``Free``."""
+
+    buf: str
+    dtype: str
+    size: Expr
+    align: int = 64
+
+
+@dataclass(frozen=True)
+class Free(Stmt):
+    buf: str
+
+
+@dataclass(frozen=True)
+class Call(Stmt):
+    func: str
+    args: tuple[Expr, ...]
+
+
+@dataclass(frozen=True)
+class Prefetch(Stmt):
+    """A hint that ``buf[index]`` will be read (``write`` for written) soon."""
+
+    buf: str
+    index: Expr
+    write: bool = False
+
+
+# ----------------------------------------------------------------------------- tile operations
+
+
+@dataclass(frozen=True)
+class Tile:
+    """A register tile of accumulators: ``rows x cols`` elements of ``dtype``, its columns
+    held ``lanes`` at a time in vector registers (1: scalars)."""
+
+    name: str
+    dtype: str
+    rows: int
+    cols: int
+    lanes: int = 1
+
+
+@dataclass(frozen=True)
+class Operand2D:
+    """A 2-D view of a buffer: element (r, c) is ``buf[offset + r*rs + c*cs]``."""
+
+    buf: str
+    offset: Expr
+    rs: Expr
+    cs: Expr
+
+    def at(self, r: Expr | int, c: Expr | int) -> Expr:
+        return self.offset + wrap(r) * self.rs + wrap(c) * self.cs
+
+
+@dataclass(frozen=True)
+class PackSlivers(Stmt):
+    """Copy ``src[0:rows, 0:cols]`` into ``dst`` as slivers of ``width`` rows:
+    ``dst[s*width*cols + c*width + r] = src[s*width + r, c]``, zero past ``rows``."""
+
+    dst: str
+    src: Operand2D
+    rows: Expr
+    cols: Expr
+    width: int
+    dtype: str
+
+
+@dataclass(frozen=True)
+class TileZero(Stmt):
+    tile: Tile
+
+
+@dataclass(frozen=True)
+class TileMMA(Stmt):
+    """tile += a[0:tile.rows, 0:k] @ b[0:k, 0:tile.cols].
+
+    ``rows``/``cols`` are the valid extents at the matrix edges; when ``padded`` the
+    operands hold zeros (or at least readable memory) past them, so full tiles may be
+    read, otherwise reads past the edges must be avoided. ``unroll`` is the
+    unroll-and-jam factor of the k loop."""
+
+    tile: Tile
+    a: Operand2D
+    b: Operand2D
+    k: Expr
+    rows: Expr
+    cols: Expr
+    padded: bool
+    unroll: int = 1
+
+
+@dataclass(frozen=True)
+class TileStore(Stmt):
+    """c[0:rows, 0:cols] = alpha * tile + beta * c, never reading c when beta == 0."""
+
+    tile: Tile
+    c: Operand2D
+    rows: Expr
+    cols: Expr
+    alpha: Expr
+    beta: Expr
+
+
+# ----------------------------------------------------------------------------- functions
+
+
+@dataclass(frozen=True)
+class Param:
+    """A function parameter: a scalar (``pointer`` False) or a pointer to elements."""
+
+    name: str
+    dtype: str
+    pointer: bool = False
+    const: bool = False
+
+    @property
+    def var(self) -> Var:
+        return Var(self.name, self.dtype)
+
+
+@dataclass(frozen=True)
+class Function:
+    name: str
+    params: tuple[Param, ...]
+    body: tuple[Stmt, ...]
+    exported: bool = False
+
+
+@dataclass(frozen=True)
+class Module:
+    functions: tuple[Function, ...]
+    entry: str
+    attributes: tuple[tuple[str, str], ...] = field(default=())
+
+    def function(self, name: str) -> Function:
+        for f in self.functions:
+            if f.name == name:
+                return f
+        raise KeyError(name)
+
+    def replace_function(self, func: Function) -> Module:
+        funcs = tuple(func if f.name == func.name else f for f in self.functions)
+        return Module(funcs, self.entry, self.attributes)

@@ -1,0 +1,57 @@
+"""Generic traversal of IR values: rebuild a node with its children rewritten."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+from .kernel import Expr, Var
+
+
+def rewrite(node: Any, fn: Callable[[Any], Any]) -> Any:
+    """Rebuild ``node`` bottom-up, replacing every IR node ``x`` by ``fn(x)`` (after its
+    children were rewritten). Tuples are walked; other leaves are kept."""
+    if isinstance(node, tuple):
+        return tuple(rewrite(x, fn) for x in node)
+    if not dataclasses.is_dataclass(node) or isinstance(node, type):
+        return node
+    changes = {}
+    for f in dataclasses.fields(node):
+        old = getattr(node, f.name)
+        new = rewrite(old, fn)
+        if new is not old:
+            changes[f.name] = new
+    rebuilt = dataclasses.replace(node, **changes) if changes else node
+    return fn(rebuilt)
+
+
+def substitute(node: Any, mapping: dict[str, Expr]) -> Any:
+    """Replace variables by expressions, e.g. a stride known to be 1 by ``Const(1)``."""
+
+    def visit(x: Any) -> Any:
+        if isinstance(x, Var) and x.name in mapping:
+            return mapping[x.name]
+        return x
+
+    return rewrite(node, visit)
+
+
+def simplify(node: Any) -> Any:
+    """Fold constants left behind by substitution (``x*1``, ``0+x``, ``1 == 1``)."""
+    from .kernel import Bin, Const, add, mul, sub
+
+    def visit(x: Any) -> Any:
+        if not isinstance(x, Bin):
+            return x
+        if x.op == "+":
+            return add(x.a, x.b)
+        if x.op == "-":
+            return sub(x.a, x.b)
+        if x.op == "*":
+            return mul(x.a, x.b)
+        if isinstance(x.a, Const) and isinstance(x.b, Const) and x.op == "==":
+            return Const(int(x.a.value == x.b.value), "bool")
+        return x
+
+    return rewrite(node, visit)

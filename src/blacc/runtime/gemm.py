@@ -1,0 +1,192 @@
+"""GEMM at run time: check the arguments, bring them to a layout the kernels take
+without copying where possible, pick a plan, and call the compiled kernel.
+
+Layouts used in place: any 2-D view whose strides are whole elements and one of
+them is 1 (C order, Fortran order, transposed views, sub-matrices with a leading
+dimension). Anything else (e.g. ``X[::2, ::3]``) is copied once into C order; an
+output copied that way is written back after the call.
+
+The kernels compute with a unit column stride in C; a C with a unit row stride is
+handled as C^T = op(B)^T op(A)^T, which only swaps views.
+"""
+
+from __future__ import annotations
+
+import functools
+import numbers
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import AliasingError, ArgumentError, DTypeError, ShapeError
+from ..ir.dtypes import float_type_of
+from ..ir.structured import Contraction, matmul
+from ..strategy.gemm import Plan, choose
+from ..target.isa import Isa, isa_for
+from ..target.machine import Machine, detect_machine
+from ..transform.apply import apply
+from ..transform.pipeline import lower
+from .build import NativeKernel, build
+
+
+@dataclass(frozen=True)
+class Target:
+    machine: Machine
+    isa: Isa
+
+
+@functools.lru_cache(maxsize=None)
+def host_target() -> Target:
+    machine = detect_machine()
+    return Target(machine, isa_for(machine))
+
+
+@dataclass(frozen=True)
+class GemmKernel:
+    """One compiled GEMM kernel with every level it went through."""
+
+    dtype: str
+    plan: Plan
+    op: Contraction
+    levels: tuple[tuple[str, object], ...]  # (level name, Module)
+    native: NativeKernel
+
+
+@functools.lru_cache(maxsize=64)
+def gemm_kernel(dtype: str, plan: Plan, isa: Isa) -> GemmKernel:
+    """Apply the plan's schedule, lower it for ``isa`` and compile it (memoized)."""
+    op = matmul(dtype)
+    name = f"blacc_gemm_{dtype}_{plan.strategy}"
+    scheduled = apply(op, plan.schedule, name=name, known_strides=dict(plan.known_strides))
+    final, passes = lower(scheduled, isa)
+    levels = (("schedule", scheduled), *passes)
+    return GemmKernel(dtype, plan, op, levels, build(final, isa))
+
+
+# ----------------------------------------------------------------------------- arguments
+
+
+def _matrix(x: object, name: str) -> np.ndarray:
+    arr = x if isinstance(x, np.ndarray) else np.asarray(x)
+    if arr.ndim != 2:
+        raise ShapeError(f"{name} must be a 2-D array, got {arr.ndim}-D with shape {arr.shape}")
+    return arr
+
+
+def _scalar(x: object, name: str) -> float:
+    if isinstance(x, (bool, np.bool_)) or not isinstance(x, numbers.Real):
+        raise ArgumentError(f"{name} must be a real number, got {type(x).__name__} {x!r}")
+    return float(x)
+
+
+def _usable_in_place(x: np.ndarray) -> bool:
+    size = x.itemsize
+    s0, s1 = x.strides
+    return s0 % size == 0 and s1 % size == 0 and size in (abs(s0), abs(s1)) and (
+        s0 == size or s1 == size)
+
+
+def _in_place_or_copy(x: np.ndarray) -> np.ndarray:
+    return x if _usable_in_place(x) else np.ascontiguousarray(x)
+
+
+def _check_alias(c: np.ndarray, x: np.ndarray, name: str) -> None:
+    if not np.may_share_memory(c, x):
+        return
+    try:
+        overlap = np.shares_memory(c, x, max_work=100_000)
+    except np.exceptions.TooHardError:
+        overlap = True
+    if overlap:
+        raise AliasingError(f"C shares memory with {name}: the output must not overlap an input")
+
+
+@dataclass(frozen=True)
+class GemmCall:
+    """A checked GEMM: C = alpha * a @ b + beta * C with ``a``, ``b`` = op(A), op(B) views."""
+
+    a: np.ndarray
+    b: np.ndarray
+    c: np.ndarray
+    alpha: float
+    beta: float
+    dtype: str
+
+
+def check_gemm(A: object, B: object, C: np.ndarray | None, alpha: object, beta: object,
+               trans_a: bool, trans_b: bool) -> GemmCall:
+    """Validate everything before anything is written; allocate C when it is None."""
+    a, b = _matrix(A, "A"), _matrix(B, "B")
+    alpha_f, beta_f = _scalar(alpha, "alpha"), _scalar(beta, "beta")
+    dtype = float_type_of(a.dtype)
+    float_type_of(b.dtype)
+    if a.dtype != b.dtype:
+        raise DTypeError(f"A is {a.dtype} but B is {b.dtype}: blacc does not mix dtypes")
+    opa = a.T if trans_a else a
+    opb = b.T if trans_b else b
+    (m, ka), (kb, n) = opa.shape, opb.shape
+    if ka != kb:
+        raise ShapeError(f"op(A) is {m}x{ka} but op(B) is {kb}x{n}: inner dimensions "
+                         f"{ka} and {kb} differ (A {a.shape}, B {b.shape}, "
+                         f"trans_a={trans_a}, trans_b={trans_b})")
+    if C is None:
+        return GemmCall(opa, opb, np.empty((m, n), dtype=a.dtype), alpha_f, 0.0, dtype)
+    if not isinstance(C, np.ndarray):
+        raise ArgumentError(f"C must be a NumPy array, got {type(C).__name__}")
+    c = _matrix(C, "C")
+    float_type_of(c.dtype)
+    if c.dtype != a.dtype:
+        raise DTypeError(f"C is {c.dtype} but A and B are {a.dtype}: blacc does not mix dtypes")
+    if c.shape != (m, n):
+        raise ShapeError(f"C has shape {c.shape} but op(A) @ op(B) is {m}x{n}")
+    if not c.flags.writeable:
+        raise ArgumentError("C is read-only: gemm writes its result into C")
+    _check_alias(c, a, "A")
+    _check_alias(c, b, "B")
+    return GemmCall(opa, opb, c, alpha_f, beta_f, dtype)
+
+
+# ----------------------------------------------------------------------------- execution
+
+
+def _ptr(x: np.ndarray) -> int:
+    return x.__array_interface__["data"][0]
+
+
+def run_gemm(call: GemmCall, target: Target | None = None) -> np.ndarray:
+    """Execute a checked call; returns the user's C."""
+    a, b, c = call.a, call.b, call.c
+    m, n = c.shape
+    k = a.shape[1]
+    if m == 0 or n == 0:
+        return c
+    if k == 0 or call.alpha == 0:
+        # Nothing to multiply: C = beta * C, never reading C when beta == 0.
+        if call.beta == 0:
+            c[...] = 0
+        elif call.beta != 1:
+            np.multiply(c, c.dtype.type(call.beta), out=c)
+        return c
+    out = c
+    if not _usable_in_place(c):
+        out = np.ascontiguousarray(c) if call.beta != 0 else np.empty(c.shape, c.dtype)
+    if out.strides[1] != out.itemsize:  # unit row stride: compute C^T = B^T A^T
+        a, b, out_k = b.T, a.T, out.T
+    else:
+        out_k = out
+    a, b = _in_place_or_copy(a), _in_place_or_copy(b)
+    tgt = target or host_target()
+    mk, nk = out_k.shape
+    plan = choose(mk, nk, k, call.dtype, machine=tgt.machine, isa=tgt.isa,
+                  b_unit_cols=b.strides[1] == b.itemsize)
+    kernel = gemm_kernel(call.dtype, plan, tgt.isa)
+    size = a.itemsize
+    status = kernel.native(mk, nk, k, call.alpha, _ptr(a), a.strides[0] // size,
+                           a.strides[1] // size, _ptr(b), b.strides[0] // size,
+                           b.strides[1] // size, call.beta, _ptr(out_k),
+                           out_k.strides[0] // size, out_k.strides[1] // size)
+    if status != 0:
+        raise MemoryError("blacc: the GEMM kernel could not allocate its packing buffers")
+    if out is not c:
+        c[...] = out
+    return c

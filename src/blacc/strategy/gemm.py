@@ -1,0 +1,82 @@
+"""Named GEMM strategies: a few numbers -> a schedule, and the choice per shape.
+
+``blis(mc, kc, nc, mr, nr, ku)`` is the layered Goto/BLIS algorithm (seed 000's
+Algorithm 1; seed 003's M_C, K_C, N_C, M_R, N_R, K_U); ``no_packing`` is seed
+000's "Tiling" strategy for problems that already sit in cache.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..target.blocking import blis_blocking
+from ..target.isa import Isa
+from ..target.machine import Machine
+from ..transform.schedule import Pack, Schedule, Tile, UnrollJam, Vectorize
+
+
+def blis(mc: int, kc: int, nc: int, mr: int, nr: int, ku: int, lanes: int = 1) -> Schedule:
+    """jc (nc) / pc (kc) / pack B / ic (mc) / pack A / jr (nr) / ir (mr) / micro-kernel."""
+    return (
+        Tile((("j", nc),)),
+        Tile((("k", kc),)),
+        Pack("B", nr),
+        Tile((("i", mc),)),
+        Pack("A", mr),
+        Tile((("j", nr), ("i", mr))),
+        UnrollJam("k", ku),
+        *((Vectorize("j", lanes),) if lanes > 1 else ()),
+    )
+
+
+def no_packing(mr: int, nr: int, ku: int, lanes: int = 1) -> Schedule:
+    """Register tiles straight over the operands: no copies, for small problems."""
+    return (
+        Tile((("i", mr), ("j", nr))),
+        UnrollJam("k", ku),
+        *((Vectorize("j", lanes),) if lanes > 1 else ()),
+    )
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A strategy with its numbers, the schedule it builds, and the strides it fixes."""
+
+    strategy: str
+    params: tuple[tuple[str, int], ...]
+    schedule: Schedule
+    known_strides: tuple[tuple[str, int], ...]
+
+    def describe(self) -> str:
+        return f"{self.strategy}({', '.join(f'{k}={v}' for k, v in self.params)})"
+
+
+def register_tile(dtype: str, isa: Isa) -> tuple[int, int, int]:
+    """(mr, nr, lanes): 6 rows x 2 vectors, i.e. 12 accumulators + 2 b vectors + 1 broadcast
+    = 15 of 16 registers on AVX2; the generic target uses a 4x4 scalar tile."""
+    lanes = isa.lanes(dtype)
+    if lanes == 1:
+        return 4, 4, 1
+    nv = 2
+    accumulators = isa.registers - nv - 1
+    return accumulators // nv, nv * lanes, lanes
+
+
+#: Below this many multiply-adds the copies of packing cost more than they save.
+SMALL_WORK = 48 * 48 * 48
+
+
+def choose(m: int, n: int, k: int, dtype: str, *, machine: Machine, isa: Isa,
+           b_unit_cols: bool) -> Plan:
+    """The strategy for one shape: packing unless the problem is small and B can be read
+    with unit stride along its columns (the vector loads need that)."""
+    mr, nr, lanes = register_tile(dtype, isa)
+    ku = 4
+    size = 4 if dtype == "f32" else 8
+    if m * n * k <= SMALL_WORK and (b_unit_cols or lanes == 1):
+        strides = (("B_s1", 1), ("C_s1", 1)) if lanes > 1 else (("C_s1", 1),)
+        return Plan("no_packing", (("mr", mr), ("nr", nr), ("ku", ku)),
+                    no_packing(mr, nr, ku, lanes), strides)
+    blk = blis_blocking(machine, dtype_size=size, mr=mr, nr=nr)
+    params = (("mc", blk.mc), ("kc", blk.kc), ("nc", blk.nc), ("mr", mr), ("nr", nr), ("ku", ku))
+    return Plan("blis", params, blis(blk.mc, blk.kc, blk.nc, mr, nr, ku, lanes), (("C_s1", 1),))

@@ -1,0 +1,114 @@
+"""Cache blocking (mc, kc, nc) for BLIS-style GEMM from the analytical model of Low et al.
+
+T. M. Low, F. D. Igual, T. M. Smith, E. S. Quintana-Orti, "Analytical Modeling Is Enough for
+High-Performance BLIS", ACM TOMS 43(2), 2016 -- the model LLVM Polly's MatmulOptimizer uses in
+getMacroKernelParams. Caches are modelled as W-way set-associative LRU caches and every block is
+sized in whole ways (one way = sets * line = size / W bytes), so that data that must stay resident
+is never evicted by data that streams through. S is the element size in bytes. See
+docs/blocking.md for the derivation and the numbers for a Zen 3 host.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from blacc.errors import ArgumentError
+from blacc.target.machine import DEFAULT_CACHES, CacheLevel, Machine
+
+__all__ = ["Blocking", "blis_blocking"]
+
+KC_UNROLL = 4  # the micro-kernel's k loop is unrolled by this much
+KC_MIN, KC_MAX = 64, 1024
+MC_MAX = 1024
+NC_MAX = 4096
+
+
+@dataclass(frozen=True)
+class Blocking:
+    """Macro-kernel block sizes: A block mc x kc (L2), B panel kc x nc (L3)."""
+
+    mc: int
+    kc: int
+    nc: int
+
+
+def _level(machine: Machine, level: int) -> CacheLevel:
+    cache = machine.cache(level)
+    return cache if cache is not None else DEFAULT_CACHES[level - 1]
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _kc_closed_form(l1: CacheLevel, s: int, mr: int, nr: int) -> int | None:
+    """Polly / paper: C_Ar = floor((W1 - 1) / (1 + nr/mr)), kc = C_Ar * way1 / (mr * S).
+
+    Assumes the A sliver fills exactly C_Ar ways and the B sliver gets the nr/mr times larger
+    share; None when C_Ar is 0 (too few ways for the model).
+    """
+    car = (l1.associativity - 1) * mr // (mr + nr)  # floor((W1-1) / (1 + nr/mr)), exact
+    return car * l1.way_size // (mr * s) if car > 0 else None
+
+
+def _kc_exact(l1: CacheLevel, s: int, mr: int, nr: int) -> int | None:
+    """Largest kc with ceil(mr*kc*S / way1) + ceil(nr*kc*S / way1) <= W1 - 1.
+
+    This is the paper's L1 constraint before its closed-form simplification: try every split of
+    the W1 - 1 usable ways into a ways for the A sliver and b ways for the B sliver. It is never
+    smaller than the closed form, and larger when nr/mr makes the floor lose a whole way.
+    """
+    usable = l1.associativity - 1
+    best = max(
+        (min(a * l1.way_size // (mr * s), (usable - a) * l1.way_size // (nr * s))
+         for a in range(1, usable)),
+        default=0,
+    )
+    return best or None
+
+
+def blis_blocking(
+    machine: Machine, *, dtype_size: int, mr: int, nr: int, closed_form: bool = False
+) -> Blocking:
+    """Block sizes for an mr x nr micro-kernel on `machine` with `dtype_size`-byte elements.
+
+    kc (L1): the kc x nr B sliver stays in L1 while mr x kc A slivers stream past it; one way is
+    left for C and streaming data, so A and B slivers together get at most W1 - 1 ways. By default
+    kc is the largest value meeting that in whole ways (`_kc_exact`); `closed_form=True` uses the
+    paper's / Polly's formula C_Ar = floor((W1-1)/(1+nr/mr)), kc = C_Ar*sets1*line1/(mr*S).
+
+    mc (L2): the packed mc x kc A block stays in L2 while B slivers stream through it. B takes
+    C_Br = ceil(nr*kc*S / way2) ways, one way is left for C, so A gets C_Ac = W2 - 1 - C_Br ways
+    and mc = C_Ac * sets2 * line2 / (kc*S). (Polly writes this as Cac = kc*S*W2/L2size,
+    mc = floor((W2 - 2) / Cac), i.e. it fixes C_Br at one way.)
+
+    nc (L3): the kc x nc B panel gets the L3 ways not taken by the A block and one for C,
+    C_Bc = W3 - 1 - ceil(mc*kc*S / way3), divided among the cores sharing L3 (each may pack its
+    own panel); nc = that budget / (kc*S), capped at NC_MAX.
+
+    Then kc is rounded down to a multiple of the unroll (4) within [64, 1024], mc to a multiple
+    of mr within [mr, 1024], nc to a multiple of nr within [nr, 4096]. Missing cache levels use
+    DEFAULT_CACHES.
+    """
+    for name, value in (("dtype_size", dtype_size), ("mr", mr), ("nr", nr)):
+        if not isinstance(value, int) or value <= 0:
+            raise ArgumentError(f"{name} must be a positive int, got {value!r}")
+    s = dtype_size
+    l1, l2, l3 = _level(machine, 1), _level(machine, 2), _level(machine, 3)
+
+    kc = (_kc_closed_form if closed_form else _kc_exact)(l1, s, mr, nr)
+    if kc is None:  # associativity too low for the model: give the two slivers half of L1
+        kc = l1.size // (2 * (mr + nr) * s)
+    kc = min(max(kc, KC_MIN), KC_MAX)
+    kc -= kc % KC_UNROLL
+
+    c_ac = l2.associativity - 1 - _ceil_div(nr * kc * s, l2.way_size)
+    a_budget = c_ac * l2.way_size if c_ac > 0 else l2.size // 2
+    mc = min(a_budget // (kc * s), MC_MAX)
+    mc = max(mc - mc % mr, mr)
+
+    c_bc = l3.associativity - 1 - _ceil_div(mc * kc * s, l3.way_size)
+    b_budget = (c_bc * l3.way_size if c_bc > 0 else l3.size // 2) // max(l3.shared_by, 1)
+    nc = min(b_budget // (kc * s), NC_MAX)
+    nc = max(nc - nc % nr, nr)
+    return Blocking(mc=mc, kc=kc, nc=nc)

@@ -1,0 +1,246 @@
+"""What the host CPU looks like: ISA features, data caches, cores, frequency.
+
+The blocking model (`blacc.target.blocking`) and the kernel strategies need the cache geometry
+and the SIMD flags. Detection reads Linux sysfs and /proc/cpuinfo; the parsers are separate
+functions so tests can feed them fixtures. Detection never raises: anything it cannot read falls
+back to a generic machine (32 KiB L1d, 256 KiB L2, 8 MiB L3, no SIMD flags).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import platform
+import re
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "DEFAULT_CACHES",
+    "CacheLevel",
+    "CpuInfo",
+    "Machine",
+    "detect_machine",
+    "parse_cpu_list",
+    "parse_cpuinfo",
+    "parse_size",
+    "parse_sysfs",
+    "read_machine",
+]
+
+
+@dataclass(frozen=True)
+class CacheLevel:
+    """One data or unified cache as seen by one core."""
+
+    level: int
+    size: int  # bytes
+    associativity: int  # ways; a fully associative cache has size // line ways
+    line: int  # bytes
+    shared_by: int = 1  # logical CPUs sharing this cache
+
+    @property
+    def way_size(self) -> int:
+        """Bytes in one way (sets * line): the unit the blocking model allocates in."""
+        return self.size // max(self.associativity, 1)
+
+    @property
+    def sets(self) -> int:
+        return self.way_size // max(self.line, 1)
+
+
+DEFAULT_CACHES: tuple[CacheLevel, ...] = (
+    CacheLevel(1, 32 * 1024, 8, 64, 1),
+    CacheLevel(2, 256 * 1024, 8, 64, 1),
+    CacheLevel(3, 8 * 1024 * 1024, 16, 64, 1),
+)
+
+
+@dataclass(frozen=True)
+class Machine:
+    """A CPU description; build one directly in tests, or get the host's from detect_machine()."""
+
+    name: str
+    arch: str
+    features: frozenset[str] = field(default_factory=frozenset)
+    caches: tuple[CacheLevel, ...] = DEFAULT_CACHES
+    cores: int = 1
+    frequency_hz: float | None = None
+
+    def cache(self, level: int) -> CacheLevel | None:
+        """The data/unified cache at `level` (1, 2, 3), or None if the machine has none."""
+        return next((c for c in self.caches if c.level == level), None)
+
+    def has(self, *features: str) -> bool:
+        """True when every named ISA flag is present (case-insensitive)."""
+        return all(f.lower() in self.features for f in features)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready view (features sorted so output is stable)."""
+        return {
+            "name": self.name,
+            "arch": self.arch,
+            "features": sorted(self.features),
+            "caches": [asdict(c) for c in self.caches],
+            "cores": self.cores,
+            "frequency_hz": self.frequency_hz,
+        }
+
+
+@dataclass(frozen=True)
+class CpuInfo:
+    """The parts of /proc/cpuinfo blacc uses (first value of each field, i.e. processor 0)."""
+
+    name: str = "unknown"
+    features: frozenset[str] = frozenset()
+    mhz: float | None = None  # nominal if the model name says "@ x GHz", else 'cpu MHz'
+
+
+_SIZE_RE = re.compile(r"^\s*(\d+)\s*([KMG]?)(?:i?B)?\s*$", re.IGNORECASE)
+_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+
+
+def parse_size(text: str) -> int:
+    """Bytes in a sysfs size such as '32K', '32768K', '8M' or '512'; ValueError otherwise."""
+    m = _SIZE_RE.match(text)
+    if m is None:
+        raise ValueError(f"unrecognised cache size {text!r}")
+    return int(m.group(1)) * _UNITS[m.group(2).upper()]
+
+
+def parse_cpu_list(text: str) -> int:
+    """Number of CPUs in a list such as '0-3,8,10-11' (sysfs shared_cpu_list)."""
+    count = 0
+    for part in text.strip().split(","):
+        if not part:
+            continue
+        lo, _, hi = part.partition("-")
+        count += int(hi) - int(lo) + 1 if hi else 1
+    if count < 1:
+        raise ValueError(f"empty cpu list {text!r}")
+    return count
+
+
+def parse_cpuinfo(text: str) -> CpuInfo:
+    """Model name, ISA flags and MHz from /proc/cpuinfo text (x86 'flags', arm 'Features').
+
+    On arm 'asimd' is also reported as 'neon', the name kernels use for the same unit.
+    """
+    fields: dict[str, str] = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition(":")
+        if sep:  # first occurrence wins: processor 0, plus trailing blocks such as 'Hardware'
+            fields.setdefault(key.strip().lower(), value.strip())
+    name = (
+        fields.get("model name")
+        or fields.get("hardware")
+        or fields.get("processor name")
+        or fields.get("cpu model")
+        or "unknown"
+    )
+    raw = fields.get("flags") or fields.get("features") or ""
+    features = {f.lower() for f in raw.split()}
+    if "asimd" in features:
+        features.add("neon")
+    return CpuInfo(name=name, features=frozenset(features), mhz=_mhz(name, fields))
+
+
+def _mhz(name: str, fields: dict[str, str]) -> float | None:
+    m = re.search(r"@\s*([\d.]+)\s*GHz", name)
+    if m:
+        return float(m.group(1)) * 1000.0
+    try:
+        mhz = float(fields["cpu mhz"])
+    except (KeyError, ValueError):
+        return None
+    return mhz if mhz > 0 else None
+
+
+def parse_sysfs(cpu_dir: Path) -> tuple[CacheLevel, ...]:
+    """Data/unified caches of one CPU from `cpu_dir`/cache/index*, sorted by level.
+
+    Instruction caches are skipped; an index that cannot be parsed is skipped, not fatal.
+    """
+    found: dict[int, CacheLevel] = {}
+    for index in sorted(Path(cpu_dir, "cache").glob("index*")):
+        try:
+            cache = _read_index(index)
+        except (OSError, ValueError):
+            continue
+        if cache is not None:
+            found.setdefault(cache.level, cache)
+    return tuple(found[k] for k in sorted(found))
+
+
+def _read_index(index: Path) -> CacheLevel | None:
+    def read(name: str) -> str:
+        return (index / name).read_text().strip()
+
+    if read("type").lower() == "instruction":
+        return None
+    size = parse_size(read("size"))
+    line = int(read("coherency_line_size"))
+    if size <= 0 or line <= 0:
+        raise ValueError(f"bad cache geometry in {index}")
+    ways = int(read("ways_of_associativity"))
+    if ways <= 0:  # sysfs reports 0 for fully associative caches
+        ways = max(size // line, 1)
+    try:
+        shared = parse_cpu_list(read("shared_cpu_list"))
+    except (OSError, ValueError):
+        shared = 1
+    return CacheLevel(int(read("level")), size, ways, line, shared)
+
+
+def _max_freq_hz(cpu_dir: Path) -> float | None:
+    try:
+        khz = float((cpu_dir / "cpufreq" / "cpuinfo_max_freq").read_text())
+    except (OSError, ValueError):
+        return None
+    return khz * 1e3 if khz > 0 else None
+
+
+def _host_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def read_machine(root: str | os.PathLike[str] = "/") -> Machine:
+    """Build a Machine from the sysfs/procfs tree under `root`, defaulting whatever is missing.
+
+    Core count always comes from the running process (affinity mask), not from `root`.
+    """
+    root = Path(root)
+    cpu_dir = root / "sys/devices/system/cpu/cpu0"
+    try:
+        info = parse_cpuinfo((root / "proc/cpuinfo").read_text(errors="replace"))
+    except (OSError, ValueError):
+        info = CpuInfo()
+    try:
+        caches = parse_sysfs(cpu_dir)
+    except (OSError, ValueError):
+        caches = ()
+    freq = _max_freq_hz(cpu_dir)
+    if freq is None and info.mhz is not None:
+        freq = info.mhz * 1e6
+    return Machine(
+        name=info.name if info.name != "unknown" else (platform.processor() or "unknown"),
+        arch=platform.machine() or "unknown",
+        features=info.features,
+        caches=caches or DEFAULT_CACHES,
+        cores=_host_cores(),
+        frequency_hz=freq,
+    )
+
+
+@functools.lru_cache(maxsize=1)
+def detect_machine() -> Machine:
+    """The host machine, detected once per process. Never raises."""
+    try:
+        return read_machine("/")
+    except Exception:  # detection must not take the compiler down
+        return Machine(name="unknown", arch=platform.machine() or "unknown",
+                       cores=os.cpu_count() or 1)

@@ -1,0 +1,159 @@
+"""Lower register-tile operations to vector (or scalar) kernel IR.
+
+``TileMMA`` becomes the outer-product form of seed 000's matrix-multiply
+intrinsic: per k step, ``cols/lanes`` vector loads of b, one broadcast of a per
+row and ``rows*cols/lanes`` FMAs into accumulators that stay in registers. With
+one lane (the generic target) the same walk makes scalar accumulators.
+
+    tile_mma(acc[6x16] += a x b, k=kc)          for p in range(0, kc - kc % 4, 4):
+                                       ->         b_0_0 = load8(b[p*16]); ...
+                                                  a_0_0 = bcast8(a[p*6]); acc_0_0 = fma(a_0_0, b_0_0, acc_0_0)
+
+Edges: when the operands are not zero-padded the tile has a second, guarded
+copy of the loop for edge tiles (rows clamped, b loaded with masks); stores are
+masked at edges; beta == 0 never loads c.
+"""
+
+from __future__ import annotations
+
+from ..errors import ScheduleError
+from ..ir import kernel as k
+from ..target.isa import Isa
+
+
+def lower_tiles(module: k.Module, isa: Isa) -> k.Module:
+    funcs = tuple(k.Function(f.name, f.params, _lower_body(f.body, isa), f.exported)
+                  for f in module.functions)
+    return k.Module(funcs, module.entry, module.attributes)
+
+
+def _lower_body(body: tuple[k.Stmt, ...], isa: Isa) -> tuple[k.Stmt, ...]:
+    out: list[k.Stmt] = []
+    for s in body:
+        if isinstance(s, k.TileZero):
+            out += _zero(s.tile, isa)
+        elif isinstance(s, k.TileMMA):
+            out += _mma(s, isa)
+        elif isinstance(s, k.TileStore):
+            out += _store(s, isa)
+        elif isinstance(s, k.For):
+            out.append(k.For(s.var, s.start, s.stop, s.step, _lower_body(s.body, isa)))
+        elif isinstance(s, k.If):
+            out.append(k.If(s.cond, _lower_body(s.then, isa), _lower_body(s.orelse, isa)))
+        else:
+            out.append(s)
+    return tuple(out)
+
+
+def _lanes(tile: k.Tile, isa: Isa) -> int:
+    if tile.lanes > 1 and isa.lanes(tile.dtype) != tile.lanes:
+        raise ScheduleError(f"Vectorize: target {isa.name} has no {tile.lanes}-lane "
+                            f"{tile.dtype} vectors (it has {isa.lanes(tile.dtype)})")
+    return tile.lanes
+
+
+def _acc(tile: k.Tile, r: int, v: int) -> k.Var:
+    return k.Var(f"{tile.name}_{r}_{v}", tile.dtype, tile.lanes)
+
+
+def _zero(tile: k.Tile, isa: Isa) -> list[k.Stmt]:
+    lanes = _lanes(tile, isa)
+    zero = k.Const(0.0, tile.dtype)
+    init = k.Broadcast(zero, lanes) if lanes > 1 else zero
+    return [k.Decl(_acc(tile, r, v), init)
+            for r in range(tile.rows) for v in range(tile.cols // lanes)]
+
+
+def _unit(e: k.Expr, what: str) -> None:
+    if e != k.Const(1):
+        raise ScheduleError(f"Vectorize: {what} must have unit stride along the vectorized "
+                            "dimension (pack it, or specialize the stride to 1)")
+
+
+def _mma(s: k.TileMMA, isa: Isa) -> list[k.Stmt]:
+    lanes = _lanes(s.tile, isa)
+    if lanes > 1:
+        _unit(s.b.cs, f"operand {s.b.buf!r}")
+    full = _mma_loops(s, lanes, guarded=False, tag="")
+    if s.padded:
+        return full
+    is_full = k.Bin("and", k.Bin("==", s.rows, k.Const(s.tile.rows)),
+                    k.Bin("==", s.cols, k.Const(s.tile.cols)))
+    return [k.If(is_full, tuple(full), tuple(_mma_loops(s, lanes, guarded=True, tag="e")))]
+
+
+def _mma_loops(s: k.TileMMA, lanes: int, *, guarded: bool, tag: str) -> list[k.Stmt]:
+    t = s.tile
+    p = k.Var(f"p{tag}")
+    nv = t.cols // lanes
+
+    def step(pk: k.Expr, u: int) -> list[k.Stmt]:
+        stmts: list[k.Stmt] = []
+        bvals = []
+        for v in range(nv):
+            col = v * lanes
+            if lanes > 1:
+                count = s.cols - col if guarded else None
+                load = k.Load(s.b.buf, s.b.at(pk, col), t.dtype, lanes, count)
+            else:
+                c = k.minimum(col, s.cols - 1) if guarded else col
+                load = k.Load(s.b.buf, s.b.at(pk, c), t.dtype)
+            bv = k.Var(f"b{tag}_{u}_{v}", t.dtype, lanes)
+            stmts.append(k.Decl(bv, load))
+            bvals.append(bv)
+        for r in range(t.rows):
+            row = k.minimum(r, s.rows - 1) if guarded else r
+            a = k.Load(s.a.buf, s.a.at(row, pk), t.dtype)
+            av = k.Var(f"a{tag}_{u}_{r}", t.dtype, lanes)
+            stmts.append(k.Decl(av, k.Broadcast(a, lanes) if lanes > 1 else a))
+            for v in range(nv):
+                acc = _acc(t, r, v)
+                stmts.append(k.Assign(acc, k.Fma(av, bvals[v], acc)))
+        return stmts
+
+    if s.unroll == 1:
+        return [k.For(p, k.Const(0), s.k, 1, tuple(step(p, 0)))]
+    main = k.Var(f"kmain{tag}")
+    unrolled = [st for u in range(s.unroll) for st in step(p + u, u)]
+    return [k.Decl(main, s.k - k.Bin("%", s.k, k.Const(s.unroll))),
+            k.For(p, k.Const(0), main, s.unroll, tuple(unrolled)),
+            k.For(p, main, s.k, 1, tuple(step(p, 0)))]
+
+
+def _store(s: k.TileStore, isa: Isa) -> list[k.Stmt]:
+    t = s.tile
+    lanes = _lanes(t, isa)
+    if lanes > 1:
+        _unit(s.c.cs, f"output {s.c.buf!r}")
+    alpha = k.Var("alpha_v", t.dtype, lanes)
+    beta = k.Var("beta_v", t.dtype, lanes)
+    splat = (lambda x: k.Broadcast(x, lanes)) if lanes > 1 else (lambda x: x)
+
+    def stores(edge: bool, read_c: bool) -> tuple[k.Stmt, ...]:
+        out: list[k.Stmt] = []
+        for r in range(t.rows):
+            row: list[k.Stmt] = []
+            for v in range(t.cols // lanes):
+                col = v * lanes
+                count = (s.cols - col) if edge and lanes > 1 else None
+                value: k.Expr = k.Bin("*", alpha, _acc(t, r, v))
+                if read_c:
+                    old = k.Load(s.c.buf, s.c.at(r, col), t.dtype, lanes, count)
+                    value = k.Fma(beta, old, value)
+                store: k.Stmt = k.Store(s.c.buf, s.c.at(r, col), value, count)
+                if edge and lanes == 1:
+                    store = k.If(k.Bin("<", k.Const(col), s.cols), (store,))
+                row.append(store)
+            out += [k.If(k.Bin("<", k.Const(r), s.rows), tuple(row))] if edge else row
+        return tuple(out)
+
+    is_full = k.Bin("and", k.Bin("==", s.rows, k.Const(t.rows)),
+                    k.Bin("==", s.cols, k.Const(t.cols)))
+    beta_zero = k.Bin("==", s.beta, k.Const(0.0, t.dtype))
+    return [
+        k.Decl(alpha, splat(s.alpha)),
+        k.Decl(beta, splat(s.beta)),
+        k.If(beta_zero,
+             (k.If(is_full, stores(False, False), stores(True, False)),),
+             (k.If(is_full, stores(False, True), stores(True, True)),)),
+    ]

@@ -1,0 +1,102 @@
+"""Layer 3: schedules as values.
+
+A schedule is a tuple of frozen transformation records applied in order by
+``apply`` (see ``transform.apply``). Records print as Python and round-trip
+through JSON, so the tuner can store schedules rather than binaries.
+
+    (Tile((("j", 4080),)), Tile((("k", 256),)), Pack("B", 16), Tile((("i", 144),)),
+     Pack("A", 6), Tile((("j", 16), ("i", 6))), UnrollJam("k", 4), Vectorize("j", 8))
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+
+from ..errors import ScheduleError
+
+
+@dataclass(frozen=True)
+class Tile:
+    """Strip-mine dimensions into loops over tiles, nested in the order given.
+
+    ``Tile((("j", 16), ("i", 6)))``: for j in steps of 16: for i in steps of 6: ..."""
+
+    sizes: tuple[tuple[str, int], ...]
+
+    def __post_init__(self) -> None:
+        if not self.sizes:
+            raise ScheduleError("Tile needs at least one (dimension, size) pair")
+        seen = set()
+        for dim, size in self.sizes:
+            if not isinstance(size, int) or size < 1:
+                raise ScheduleError(f"Tile size for {dim!r} must be a positive integer, got {size!r}")
+            if dim in seen:
+                raise ScheduleError(f"Tile names dimension {dim!r} twice")
+            seen.add(dim)
+
+
+@dataclass(frozen=True)
+class Pack:
+    """Copy the operand's current tile (inside the loops made so far) into a scratch
+    buffer of ``sliver``-wide slivers along its non-reduction dimension, zero-padded to
+    a whole number of slivers, so the micro-kernel reads it with unit stride."""
+
+    operand: str
+    sliver: int
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.sliver, int) or self.sliver < 1:
+            raise ScheduleError(f"Pack sliver of {self.operand!r} must be a positive integer")
+
+
+@dataclass(frozen=True)
+class UnrollJam:
+    """Unroll the reduction loop of the register tile ``factor`` times and jam the copies."""
+
+    dim: str
+    factor: int
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.factor, int) or self.factor < 1:
+            raise ScheduleError(f"UnrollJam factor must be a positive integer, got {self.factor!r}")
+
+
+@dataclass(frozen=True)
+class Vectorize:
+    """Map ``dim`` of the register tile onto SIMD lanes, ``lanes`` at a time."""
+
+    dim: str
+    lanes: int
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.lanes, int) or self.lanes < 1:
+            raise ScheduleError(f"Vectorize lanes must be a positive integer, got {self.lanes!r}")
+
+
+Transform = Tile | Pack | UnrollJam | Vectorize
+Schedule = tuple[Transform, ...]
+
+_KINDS = {cls.__name__: cls for cls in (Tile, Pack, UnrollJam, Vectorize)}
+
+
+def to_json(schedule: Schedule) -> str:
+    return json.dumps([{"kind": type(t).__name__, **asdict(t)} for t in schedule])
+
+
+def from_json(text: str) -> Schedule:
+    items = []
+    for raw in json.loads(text):
+        fields = dict(raw)
+        kind = fields.pop("kind", None)
+        if kind not in _KINDS:
+            raise ScheduleError(f"unknown transformation {kind!r} in schedule JSON")
+        if kind == "Tile":
+            fields["sizes"] = tuple((str(d), int(s)) for d, s in fields["sizes"])
+        items.append(_KINDS[kind](**fields))
+    return tuple(items)
+
+
+def show(schedule: Schedule) -> str:
+    """The schedule as the Python expression that builds it."""
+    return "(" + ",\n ".join(repr(t) for t in schedule) + ")"

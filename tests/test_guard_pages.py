@@ -1,0 +1,261 @@
+"""GEMM on operands that touch guard pages: any out-of-bounds read or write by the kernels
+(packing, edge tiles, write-back) hits a PROT_NONE page and kills a forked child, which fails
+just that test.
+
+The first part checks the guard machinery itself (tests/guard.py); the rest runs blacc.gemm.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import faulthandler
+import itertools
+import random
+import signal
+import time
+
+import numpy as np
+import pytest
+
+import blacc
+from conftest import DTYPES
+from guard import (
+    PAGE,
+    bits,
+    guarded_array,
+    outside_view,
+    run_in_child,
+    run_isolated,
+    span_bounds,
+)
+
+SIDES = ("after", "before")
+# Storage layouts of guarded operands (keyword arguments of guarded_array).
+GUARD_LAYOUTS = {
+    "C": {"order": "C"},
+    "F": {"order": "F"},
+    "ldC": {"order": "C", "ld_pad": 3},
+    "ldF": {"order": "F", "ld_pad": 5},
+    "T": {"order": "C", "transpose": True},
+    "ldT": {"order": "C", "ld_pad": 2, "transpose": True},
+}
+C_PAD = -999.0  # finite sentinel in C's padding: a write into it is seen
+
+# (m, n, k): single elements, primes, micro-tile sizes with k just past a cache block
+# (kc is 256 for f64 / 320 for f32 on the development host), m just past the f32 mc (306),
+# and one large-ish case that runs the full packing and edge-tile machinery.
+GUARD_SHAPES = [
+    (1, 1, 1), (7, 13, 5), (37, 41, 29), (97, 5, 131), (6, 16, 257), (6, 8, 321),
+    (5, 17, 1), (307, 17, 321), (300, 301, 257),
+]
+
+
+def _ids(shape):
+    return "x".join(map(str, shape))
+
+
+def _protection(addr: int) -> str:
+    """The permissions ('rw-p', '---p', ...) of the mapping holding ``addr``."""
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            span, perms = line.split()[:2]
+            lo, hi = (int(x, 16) for x in span.split("-"))
+            if lo <= addr < hi:
+                return perms
+    return "unmapped"
+
+
+# --------------------------------------------------------------- the guard machinery itself
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("side", SIDES)
+@pytest.mark.parametrize("layout", GUARD_LAYOUTS)
+@pytest.mark.parametrize("shape", [(1, 1), (7, 13), (13, 7), (64, 64), (0, 5), (3, 0)], ids=_ids)
+def test_guarded_array_geometry(dtype, side, layout, shape):
+    kwargs = GUARD_LAYOUTS[layout]
+    values = np.arange(np.prod(shape), dtype=dtype).reshape(shape) + 1
+    arr = guarded_array(shape, dtype, side=side, fill=values, **kwargs)
+    assert arr.shape == shape and arr.dtype == np.dtype(dtype)
+    np.testing.assert_array_equal(arr, values)
+    assert arr.flags.writeable
+
+    lo, hi = span_bounds(arr)
+    if side == "after":
+        assert hi % PAGE == 0, "the array does not end at a page boundary"
+        assert _protection(hi) == "---p" and _protection(hi - 1).startswith("rw")
+    else:
+        assert lo % PAGE == 0, "the array does not start at a page boundary"
+        assert _protection(lo - 1) == "---p" and _protection(lo).startswith("rw")
+
+    # The leading dimension is the padded one, the padding lies only between rows/columns.
+    rows, cols = shape[::-1] if kwargs.get("transpose") else shape
+    pad = kwargs.get("ld_pad", 0)
+    storage = arr.T if kwargs.get("transpose") else arr
+    itemsize = np.dtype(dtype).itemsize
+    if arr.size:
+        if kwargs["order"] == "C":
+            assert storage.strides == ((cols + pad) * itemsize, itemsize)
+            n_pad = (rows - 1) * pad
+        else:
+            assert storage.strides == (itemsize, (rows + pad) * itemsize)
+            n_pad = (cols - 1) * pad
+        around = outside_view(arr)
+        assert around.size == n_pad and np.isnan(around).all()
+        assert hi - lo == (arr.size + n_pad) * itemsize
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("layout", GUARD_LAYOUTS)
+@pytest.mark.parametrize("side", SIDES)
+@pytest.mark.parametrize("access", ["read", "write"])
+def test_one_byte_outside_crashes(dtype, layout, side, access):
+    arr = guarded_array((5, 3), dtype, side=side, fill=1.0, **GUARD_LAYOUTS[layout])
+    lo, hi = span_bounds(arr)
+    addr = hi if side == "after" else lo - 1
+
+    def touch():
+        faulthandler.disable()  # die quietly: the crash is the expected outcome
+        cell = ctypes.c_char.from_address(addr)
+        if access == "read":
+            _ = cell.value
+        else:
+            cell.value = b"x"
+
+    outcome = run_in_child(touch, timeout=30)
+    assert outcome.signal == signal.SIGSEGV, f"expected SIGSEGV, the child {outcome.describe()}"
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("layout", GUARD_LAYOUTS)
+@pytest.mark.parametrize("side", SIDES)
+def test_whole_span_is_accessible(dtype, layout, side):
+    """The control for the crash test: every byte of the span itself can be read and written."""
+    arr = guarded_array((5, 3), dtype, side=side, fill=1.0, **GUARD_LAYOUTS[layout])
+    lo, hi = span_bounds(arr)
+
+    def touch_all():
+        raw = (ctypes.c_char * (hi - lo)).from_address(lo)
+        raw[:] = bytes(raw)  # read every byte, write it back unchanged
+        arr[...] = 2.0
+        assert (arr == 2.0).all()
+
+    outcome = run_in_child(touch_all, timeout=30)
+    assert outcome.exitcode == 0, f"the child {outcome.describe()}:\n{outcome.report}"
+
+
+def test_run_isolated_passes_a_clean_child():
+    run_isolated(lambda: None)
+
+
+def test_run_isolated_reports_a_crash():
+    arr = guarded_array((4, 4), np.float64, fill=0.0)
+    end = span_bounds(arr)[1]
+
+    def crash():
+        faulthandler.disable()
+        ctypes.c_double.from_address(end).value  # noqa: B018 - reading is the point
+
+    with pytest.raises(pytest.fail.Exception, match="SIGSEGV"):
+        run_isolated(crash)
+
+
+def test_run_isolated_reports_a_failed_assertion():
+    def fail():
+        assert 1 + 1 == 3, "arithmetic is broken"
+
+    with pytest.raises(pytest.fail.Exception, match="arithmetic is broken"):
+        run_isolated(fail)
+
+
+def test_run_isolated_reports_a_hang():
+    started = time.monotonic()
+    with pytest.raises(pytest.fail.Exception, match="did not finish"):
+        run_isolated(lambda: time.sleep(30), timeout=0.5)
+    assert time.monotonic() - started < 10
+
+
+# ------------------------------------------------------------------------ GEMM against guards
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _compile_kernels_before_forking():
+    """Build (or load) the kernels in the parent, so that each child does not compile them
+    again; blacc's kernels are single-threaded, so using them across fork is safe."""
+    for dtype, (trans_a, trans_b), beta in itertools.product(
+        DTYPES, itertools.product((False, True), repeat=2), (0.0, 1.5)
+    ):
+        A = np.ones((9, 9), dtype)
+        blacc.gemm(A, A, np.ones((9, 9), dtype), beta=beta, trans_a=trans_a, trans_b=trans_b)
+
+
+def _guarded_operand(rng, shape, dtype, side, layout, *, fill=None, pad_fill=np.nan):
+    values = rng.uniform(-1, 1, shape) if fill is None else fill
+    return guarded_array(shape, dtype, side=side, fill=values, pad_fill=pad_fill,
+                         **GUARD_LAYOUTS[layout])
+
+
+def _gemm_on_guarded(assert_gemm_close, seed, shape, dtype, placements, trans_a, trans_b, beta):
+    """One GEMM with A, B and C each against a guard page; ``placements`` maps 'A', 'B', 'C'
+    to (side, layout). Checks the result, that C's padding and the inputs are untouched, and
+    that C=None works with the same guarded inputs. Runs in the child."""
+    rng = np.random.default_rng(seed)
+    m, n, k = shape
+    context = f"{placements}, trans_a={trans_a}, trans_b={trans_b}, beta={beta}"
+    A = _guarded_operand(rng, (k, m) if trans_a else (m, k), dtype, *placements["A"])
+    B = _guarded_operand(rng, (n, k) if trans_b else (k, n), dtype, *placements["B"])
+    c_fill = np.full((m, n), np.nan) if beta == 0 else None  # beta == 0 must not read C
+    C = _guarded_operand(rng, (m, n), dtype, *placements["C"], fill=c_fill, pad_fill=C_PAD)
+    A0, B0, C0 = A.copy(), B.copy(), C.copy()
+    around_c = bits(outside_view(C))
+
+    assert blacc.gemm(A, B, C, alpha=-1.5, beta=beta, trans_a=trans_a, trans_b=trans_b) is C
+    assert_gemm_close(C, A, B, C0, -1.5, beta, trans_a, trans_b, context=context)
+    assert np.array_equal(bits(outside_view(C)), around_c), f"wrote into C's padding: {context}"
+    assert np.array_equal(bits(A), bits(A0)) and np.array_equal(bits(B), bits(B0)), context
+
+    new = blacc.gemm(A, B, alpha=0.5, trans_a=trans_a, trans_b=trans_b)
+    assert_gemm_close(new, A, B, None, 0.5, 0.0, trans_a, trans_b, context=f"C=None, {context}")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("side", SIDES)
+@pytest.mark.parametrize("layout", GUARD_LAYOUTS)
+@pytest.mark.parametrize("shape", GUARD_SHAPES, ids=_ids)
+def test_gemm_against_guards(dtype, side, layout, shape, rng, assert_gemm_close):
+    """A, B and C all in the same layout against the same side, every transpose and beta."""
+    seed = int(rng.integers(2**32))
+    placements = {name: (side, layout) for name in "ABC"}
+
+    def body():
+        for (trans_a, trans_b), beta in itertools.product(
+            itertools.product((False, True), repeat=2), (0.0, 0.75)
+        ):
+            _gemm_on_guarded(assert_gemm_close, seed, shape, dtype, placements,
+                             trans_a, trans_b, beta)
+
+    run_isolated(body)
+
+
+def _mixed_cases(count=40, seed=20240611):
+    """Reproducible random mixes: each operand has its own side and layout."""
+    pick = random.Random(seed)
+    shapes = [s for s in GUARD_SHAPES if s[0] * s[1] * s[2] < 10**6] + [(16, 6, 65), (9, 7, 2)]
+    cases = []
+    for _ in range(count):
+        placements = {name: (pick.choice(SIDES), pick.choice(list(GUARD_LAYOUTS)))
+                      for name in "ABC"}
+        case = (pick.choice(shapes), pick.choice(DTYPES), placements,
+                pick.random() < 0.5, pick.random() < 0.5, pick.choice((0.0, 2.0)))
+        label = "-".join(f"{name}{side[0]}{lay}" for name, (side, lay) in placements.items())
+        cases.append(pytest.param(*case, id=f"{_ids(case[0])}-{np.dtype(case[1]).name}-{label}"
+                                  f"-t{int(case[3])}{int(case[4])}-b{case[5]}"))
+    return cases
+
+
+@pytest.mark.parametrize("shape, dtype, placements, trans_a, trans_b, beta", _mixed_cases())
+def test_gemm_mixed_guards(shape, dtype, placements, trans_a, trans_b, beta, rng,
+                           assert_gemm_close):
+    seed = int(rng.integers(2**32))
+    run_isolated(lambda: _gemm_on_guarded(assert_gemm_close, seed, shape, dtype, placements,
+                                          trans_a, trans_b, beta))
