@@ -7,6 +7,7 @@ import zlib
 
 import numpy as np
 import pytest
+from threadpoolctl import ThreadpoolController
 
 DTYPES = (np.float32, np.float64)
 
@@ -18,8 +19,9 @@ DTYPES = (np.float32, np.float64)
 #   ldF      Fortran-order view into a taller buffer: leading dimension > rows
 #   strided  non-unit strides in both dimensions (like big[::2, ::3])
 #   neg      negative strides in both dimensions
-LAYOUTS = ("C", "F", "T", "ld", "ldF", "strided", "neg")
-IN_PLACE_LAYOUTS = ("C", "F", "T", "ld", "ldF")  # a unit stride in one dimension
+#   revrows  rows reversed: unit column stride, negative leading dimension
+#   revcols  Fortran order with columns reversed: unit row stride, negative leading dimension
+LAYOUTS = ("C", "F", "T", "ld", "ldF", "strided", "neg", "revrows", "revcols")
 
 
 def _make_operand(rng, rows, cols, dtype, layout="C", *, pad_value=np.nan, values=None):
@@ -51,11 +53,22 @@ def _make_operand(rng, rows, cols, dtype, layout="C", *, pad_value=np.nan, value
     elif layout == "neg":
         big = np.full((rows + 2, cols + 2), pad_value, dtype=dtype)
         out = big[1 : 1 + rows, 1 : 1 + cols][::-1, ::-1]
+    elif layout == "revrows":
+        big = np.full((rows + 2, cols + 3), pad_value, dtype=dtype)
+        out = big[1 : 1 + rows, 2 : 2 + cols][::-1, :]
+    elif layout == "revcols":
+        big = np.full((rows + 3, cols + 2), pad_value, dtype=dtype, order="F")
+        out = big[2 : 2 + rows, 1 : 1 + cols][:, ::-1]
     else:
         raise ValueError(f"unknown layout {layout!r}")
     out[...] = values
     assert out.shape == (rows, cols) and out.dtype == np.dtype(dtype)
     return out
+
+
+# NumPy's BLAS computes the references on one thread: on small machines (and in forked
+# children) its thread pool is often many times slower than one thread for these sizes.
+_BLAS = ThreadpoolController()
 
 
 def _op(x, trans):
@@ -66,7 +79,8 @@ def _reference_gemm(A, B, C=None, alpha=1.0, beta=0.0, trans_a=False, trans_b=Fa
     """alpha * op(A) @ op(B) + beta * C in float64; C is not read when it is None or beta == 0."""
     a = _op(np.asarray(A, dtype=np.float64), trans_a)
     b = _op(np.asarray(B, dtype=np.float64), trans_b)
-    result = alpha * (a @ b)
+    with _BLAS.limit(limits=1, user_api="blas"):
+        result = alpha * (a @ b)
     if C is not None and beta != 0:
         result = result + beta * np.asarray(C, dtype=np.float64)
     return result
@@ -83,7 +97,8 @@ def _gemm_tolerance(A, B, C=None, alpha=1.0, beta=0.0, trans_a=False, trans_b=Fa
     a = np.abs(_op(np.asarray(A, dtype=np.float64), trans_a))
     b = np.abs(_op(np.asarray(B, dtype=np.float64), trans_b))
     k = a.shape[1]
-    magnitude = abs(alpha) * (a @ b)
+    with _BLAS.limit(limits=1, user_api="blas"):
+        magnitude = abs(alpha) * (a @ b)
     if C is not None and beta != 0:
         magnitude = magnitude + abs(beta) * np.abs(np.asarray(C, dtype=np.float64))
     finfo = np.finfo(dtype)

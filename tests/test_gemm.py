@@ -18,12 +18,16 @@ SCALARS = (0.0, 1.0, -0.5, 2.5)
 C_PAD = -999.0  # finite sentinel around C views: a write into padding changes it
 
 # (m, n, k): tiny, primes, and sizes that are not multiples of 6, 8 or 16 (register tiles),
-# mixed with exact multiples, so every edge-tile path is taken.
+# mixed with exact multiples, so every edge-tile path is taken. At the time of writing blacc
+# packs when m*n*k > 48**3 (48x48x48 does not, 49x49x49 does) and blocks k by 320 (f32) or
+# 256 (f64) and m by 306 (f32) or 192 (f64) on the development host; shapes just past those
+# are included, but blocking is also tested against the live plan in test_guard_pages.py.
 SHAPES = [
     (1, 1, 1), (1, 1, 7), (2, 3, 5), (3, 2, 7), (5, 7, 3), (7, 13, 5), (13, 7, 17),
     (17, 31, 3), (31, 37, 61), (37, 61, 31), (61, 97, 13), (97, 61, 131), (131, 37, 97),
     (6, 8, 16), (12, 16, 32), (24, 48, 64), (23, 47, 9), (25, 49, 65), (50, 10, 100),
     (1, 97, 131), (97, 1, 131), (131, 97, 1), (1, 1, 200), (33, 65, 129),
+    (48, 48, 48), (49, 49, 49), (6, 16, 1201), (193, 7, 257), (307, 9, 321),
 ]
 LARGE_SHAPES = [(257, 263, 301), (600, 17, 513), (17, 600, 513)]
 
@@ -98,18 +102,18 @@ def test_input_layouts(dtype, la, lb, rng, make_operand, assert_gemm_close):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("lc", LAYOUTS)
 @pytest.mark.parametrize("beta", [0.0, 2.5])
-@pytest.mark.parametrize("shape", [(19, 23, 29), (6, 16, 8)], ids=_ids)
-def test_output_layouts(dtype, lc, beta, shape, rng, make_operand, assert_gemm_close):
+def test_output_layouts(dtype, lc, beta, rng, make_operand, assert_gemm_close):
     """C in every layout is updated in place (written back for copied layouts), C itself is
     returned, and nothing around the view (padding, gaps between elements) is written."""
-    m, n, k = shape
-    A, B = _operands(make_operand, rng, m, n, k, dtype, "ld", "F")
-    C = make_operand(rng, m, n, dtype, lc, pad_value=C_PAD)
-    C0 = C.copy()
-    around = outside_view(C)
-    assert blacc.gemm(A, B, C, alpha=-0.5, beta=beta) is C
-    assert_gemm_close(C, A, B, C0, -0.5, beta, context=f"C {lc}")
-    assert np.array_equal(bits(outside_view(C)), bits(around)), "wrote outside the view of C"
+    for m, n, k in [(19, 23, 29), (6, 16, 8), (50, 60, 70)]:
+        context = f"C {lc}, m, n, k = {m}, {n}, {k}"
+        A, B = _operands(make_operand, rng, m, n, k, dtype, "ld", "F")
+        C = make_operand(rng, m, n, dtype, lc, pad_value=C_PAD)
+        C0 = C.copy()
+        around = outside_view(C)
+        assert blacc.gemm(A, B, C, alpha=-0.5, beta=beta) is C, context
+        assert_gemm_close(C, A, B, C0, -0.5, beta, context=context)
+        assert np.array_equal(bits(outside_view(C)), bits(around)), f"wrote outside C: {context}"
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -178,18 +182,18 @@ def test_random_gemm(case, make_operand, assert_gemm_close):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("lc", LAYOUTS)
-@pytest.mark.parametrize("shape", [(13, 17, 11), (13, 17, 0)], ids=_ids)
-def test_beta_zero_never_reads_c(dtype, lc, shape, rng, make_operand, assert_gemm_close):
+def test_beta_zero_never_reads_c(dtype, lc, rng, make_operand, assert_gemm_close):
     """With beta == 0, NaN and Inf already in C must not reach the result."""
-    m, n, k = shape
-    A, B = _operands(make_operand, rng, m, n, k, dtype)
-    poison = np.where(rng.random((m, n)) < 0.5, np.nan, np.inf)
-    C = make_operand(rng, m, n, dtype, lc, values=poison)
-    blacc.gemm(A, B, C, alpha=2.5, beta=0.0)
-    assert np.isfinite(C).all(), "NaN/Inf from C leaked into the result although beta == 0"
-    assert_gemm_close(C, A, B, None, 2.5, 0.0)
-    if k == 0:
-        assert not C.any(), "k == 0 and beta == 0 must give zeros"
+    for m, n, k in [(13, 17, 11), (60, 50, 70), (13, 17, 0)]:
+        context = f"C {lc}, m, n, k = {m}, {n}, {k}"
+        A, B = _operands(make_operand, rng, m, n, k, dtype)
+        poison = np.where(rng.random((m, n)) < 0.5, np.nan, np.inf)
+        C = make_operand(rng, m, n, dtype, lc, values=poison)
+        blacc.gemm(A, B, C, alpha=2.5, beta=0.0)
+        assert np.isfinite(C).all(), f"NaN/Inf from C leaked although beta == 0: {context}"
+        assert_gemm_close(C, A, B, None, 2.5, 0.0, context=context)
+        if k == 0:
+            assert not C.any(), f"k == 0 and beta == 0 must give zeros: {context}"
 
 
 def _special_values(rng, m, n, dtype):
@@ -207,14 +211,14 @@ def _special_values(rng, m, n, dtype):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("lc", LAYOUTS)
-@pytest.mark.parametrize("shape", [(13, 17, 11), (1, 1, 1), (13, 17, 0)], ids=_ids)
-def test_alpha_zero_beta_one_keeps_c_bitwise(dtype, lc, shape, rng, make_operand):
-    m, n, k = shape
-    A, B = _operands(make_operand, rng, m, n, k, dtype)
-    C = make_operand(rng, m, n, dtype, lc, values=_special_values(rng, m, n, dtype))
-    C0 = C.copy()
-    assert blacc.gemm(A, B, C, alpha=0.0, beta=1.0) is C
-    assert np.array_equal(bits(C), bits(C0)), "alpha=0, beta=1 changed the bits of C"
+def test_alpha_zero_beta_one_keeps_c_bitwise(dtype, lc, rng, make_operand):
+    for m, n, k in [(13, 17, 11), (1, 1, 1), (60, 50, 70), (13, 17, 0)]:
+        A, B = _operands(make_operand, rng, m, n, k, dtype)
+        C = make_operand(rng, m, n, dtype, lc, values=_special_values(rng, m, n, dtype))
+        C0 = C.copy()
+        assert blacc.gemm(A, B, C, alpha=0.0, beta=1.0) is C
+        assert np.array_equal(bits(C), bits(C0)), (
+            f"alpha=0, beta=1 changed the bits of C (C {lc}, m, n, k = {m}, {n}, {k})")
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -297,6 +301,50 @@ def test_c_beside_inputs_in_one_buffer(dtype, rng, assert_gemm_close):
     np.testing.assert_array_equal(A, A0)
     np.testing.assert_array_equal(B, B0)
     np.testing.assert_array_equal(buf[:, 28:], tail0)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(13, 11, 9), (70, 60, 50)], ids=_ids)
+def test_broadcast_inputs(dtype, shape, rng, assert_gemm_close):
+    """Zero-stride (np.broadcast_to) operands are valid read-only inputs."""
+    m, n, k = shape
+    A = np.broadcast_to(rng.uniform(-1, 1, k).astype(dtype), (m, k))
+    B = np.broadcast_to(rng.uniform(-1, 1, (k, 1)).astype(dtype), (k, n))
+    assert_gemm_close(blacc.gemm(A, B), A, B)
+    assert_gemm_close(blacc.gemm(B, A, trans_a=True, trans_b=True), B, A, None, 1.0, 0.0,
+                      True, True)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(13, 11, 9), (70, 60, 50)], ids=_ids)
+def test_misaligned_operands(dtype, shape, rng, assert_gemm_close):
+    """Arrays whose data pointer is not a multiple of the itemsize (flags.aligned is False)."""
+    m, n, k = shape
+
+    def misaligned(rows, cols):
+        raw = np.zeros(rows * cols * np.dtype(dtype).itemsize + 1, dtype=np.uint8)
+        out = np.ndarray((rows, cols), dtype=dtype, buffer=raw, offset=1)
+        out[...] = rng.uniform(-1, 1, (rows, cols))
+        assert not out.flags.aligned
+        return out
+
+    A, B, C = misaligned(m, k), misaligned(k, n), misaligned(m, n)
+    C0 = C.copy()
+    assert blacc.gemm(A, B, C, alpha=0.5, beta=-1.0) is C
+    assert_gemm_close(C, A, B, C0, 0.5, -1.0)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_c_interleaved_with_input(dtype, rng, assert_gemm_close):
+    """C and A interleaved column by column in one buffer: they do not overlap."""
+    buf = rng.uniform(-1, 1, (17, 2 * 23)).astype(dtype)
+    A, C = buf[:, 0::2], buf[:, 1::2]
+    assert not np.shares_memory(A, C)
+    B = rng.uniform(-1, 1, (23, 23)).astype(dtype)
+    A0, C0 = A.copy(), C.copy()
+    assert blacc.gemm(A, B, C, beta=1.0) is C
+    assert_gemm_close(C, A0, B, C0, 1.0, 1.0)
+    np.testing.assert_array_equal(A, A0)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -21,7 +21,8 @@ def mentions_shape(message: str, shape) -> bool:
 
 def _c(shape, dtype=np.float64):
     """An output array with recognizable contents, and a copy to check it against."""
-    C = np.arange(np.prod(shape), dtype=np.float64).reshape(shape).astype(dtype) + 0.25
+    C = (np.arange(np.prod(shape), dtype=np.float64).reshape(shape) + 0.25).astype(dtype)
+    assert C.dtype == np.dtype(dtype)
     return C, C.copy()
 
 

@@ -39,13 +39,17 @@ GUARD_LAYOUTS = {
     "T": {"order": "C", "transpose": True},
     "ldT": {"order": "C", "ld_pad": 2, "transpose": True},
 }
+# For GEMM operands, also a padded C-order array viewed with its rows reversed: blacc uses
+# such a view in place with a negative leading dimension.
+GEMM_LAYOUTS = (*GUARD_LAYOUTS, "revC")
 C_PAD = -999.0  # finite sentinel in C's padding: a write into it is seen
 
-# (m, n, k): single elements, primes, micro-tile sizes with k just past a cache block
-# (kc is 256 for f64 / 320 for f32 on the development host), m just past the f32 mc (306),
-# and one large-ish case that runs the full packing and edge-tile machinery.
+# (m, n, k): single elements, primes, a register tile (6 x 16 / 6 x 8) with a long k that
+# crosses several k blocks (kc = 256 for f64 / 320 for f32 on the development host), m just
+# past the f32 m block (306), and a large-ish case that runs packing and every edge tile.
+# test_gemm_across_cache_blocks derives more edge shapes from the plan blacc really uses.
 GUARD_SHAPES = [
-    (1, 1, 1), (7, 13, 5), (37, 41, 29), (97, 5, 131), (6, 16, 257), (6, 8, 321),
+    (1, 1, 1), (7, 13, 5), (37, 41, 29), (97, 5, 131), (6, 16, 1201), (7, 9, 1025),
     (5, 17, 1), (307, 17, 321), (300, 301, 257),
 ]
 
@@ -71,7 +75,7 @@ def _protection(addr: int) -> str:
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("side", SIDES)
 @pytest.mark.parametrize("layout", GUARD_LAYOUTS)
-@pytest.mark.parametrize("shape", [(1, 1), (7, 13), (13, 7), (64, 64), (0, 5), (3, 0)], ids=_ids)
+@pytest.mark.parametrize("shape", [(1, 1), (7, 13), (64, 64), (0, 5)], ids=_ids)
 def test_guarded_array_geometry(dtype, side, layout, shape):
     kwargs = GUARD_LAYOUTS[layout]
     values = np.arange(np.prod(shape), dtype=dtype).reshape(shape) + 1
@@ -180,17 +184,25 @@ def test_run_isolated_reports_a_hang():
 
 @pytest.fixture(scope="module", autouse=True)
 def _compile_kernels_before_forking():
-    """Build (or load) the kernels in the parent, so that each child does not compile them
-    again; blacc's kernels are single-threaded, so using them across fork is safe."""
-    for dtype, (trans_a, trans_b), beta in itertools.product(
-        DTYPES, itertools.product((False, True), repeat=2), (0.0, 1.5)
+    """Build (or load) the kernels in the parent, small (unpacked) and large (packed), so that
+    the children inherit them instead of each building them again; blacc's kernels are
+    single-threaded, so using them across fork is safe."""
+    for dtype, size, (trans_a, trans_b) in itertools.product(
+        DTYPES, (9, 64), itertools.product((False, True), repeat=2)
     ):
-        A = np.ones((9, 9), dtype)
-        blacc.gemm(A, A, np.ones((9, 9), dtype), beta=beta, trans_a=trans_a, trans_b=trans_b)
+        A = np.ones((size, size), dtype)
+        blacc.gemm(A, A, np.ones((size, size), dtype), beta=1.5, trans_a=trans_a,
+                   trans_b=trans_b)
 
 
 def _guarded_operand(rng, shape, dtype, side, layout, *, fill=None, pad_fill=np.nan):
+    """A random (or ``fill``) operand in one of GEMM_LAYOUTS, against a guard on ``side``."""
     values = rng.uniform(-1, 1, shape) if fill is None else fill
+    if layout == "revC":
+        arr = guarded_array(shape, dtype, side=side, fill=0.0, pad_fill=pad_fill, order="C",
+                            ld_pad=3)[::-1, :]
+        arr[...] = values
+        return arr
     return guarded_array(shape, dtype, side=side, fill=values, pad_fill=pad_fill,
                          **GUARD_LAYOUTS[layout])
 
@@ -201,7 +213,8 @@ def _gemm_on_guarded(assert_gemm_close, seed, shape, dtype, placements, trans_a,
     that C=None works with the same guarded inputs. Runs in the child."""
     rng = np.random.default_rng(seed)
     m, n, k = shape
-    context = f"{placements}, trans_a={trans_a}, trans_b={trans_b}, beta={beta}"
+    context = (f"m, n, k = {m}, {n}, {k}, {np.dtype(dtype).name}, {placements}, "
+               f"trans_a={trans_a}, trans_b={trans_b}, beta={beta}")
     A = _guarded_operand(rng, (k, m) if trans_a else (m, k), dtype, *placements["A"])
     B = _guarded_operand(rng, (n, k) if trans_b else (k, n), dtype, *placements["B"])
     c_fill = np.full((m, n), np.nan) if beta == 0 else None  # beta == 0 must not read C
@@ -220,7 +233,7 @@ def _gemm_on_guarded(assert_gemm_close, seed, shape, dtype, placements, trans_a,
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("side", SIDES)
-@pytest.mark.parametrize("layout", GUARD_LAYOUTS)
+@pytest.mark.parametrize("layout", GEMM_LAYOUTS)
 @pytest.mark.parametrize("shape", GUARD_SHAPES, ids=_ids)
 def test_gemm_against_guards(dtype, side, layout, shape, rng, assert_gemm_close):
     """A, B and C all in the same layout against the same side, every transpose and beta."""
@@ -243,7 +256,7 @@ def _mixed_cases(count=40, seed=20240611):
     shapes = [s for s in GUARD_SHAPES if s[0] * s[1] * s[2] < 10**6] + [(16, 6, 65), (9, 7, 2)]
     cases = []
     for _ in range(count):
-        placements = {name: (pick.choice(SIDES), pick.choice(list(GUARD_LAYOUTS)))
+        placements = {name: (pick.choice(SIDES), pick.choice(GEMM_LAYOUTS))
                       for name in "ABC"}
         case = (pick.choice(shapes), pick.choice(DTYPES), placements,
                 pick.random() < 0.5, pick.random() < 0.5, pick.choice((0.0, 2.0)))
@@ -259,3 +272,37 @@ def test_gemm_mixed_guards(shape, dtype, placements, trans_a, trans_b, beta, rng
     seed = int(rng.integers(2**32))
     run_isolated(lambda: _gemm_on_guarded(assert_gemm_close, seed, shape, dtype, placements,
                                           trans_a, trans_b, beta))
+
+
+def _block_edge_shapes(dtype):
+    """Shapes one past (and one short of) the blocking of the plan blacc picks for a large
+    GEMM of ``dtype`` on this machine: the last m, k and n blocks are then partial."""
+    plan = blacc.explain(m=1000, n=1000, k=1000, dtype=np.dtype(dtype)).plan
+    params = dict(plan.params)
+    if not {"mc", "kc", "nc", "mr", "nr"} <= params.keys():
+        pytest.skip(f"the plan for a large GEMM is not cache-blocked: {plan.describe()}")
+    mc, kc, nc, mr, nr = (params[name] for name in ("mc", "kc", "nc", "mr", "nr"))
+    return [
+        (mc + 1, nr + 1, kc + 1),
+        (mc - 1, 2 * nr - 1, 2 * kc + 3),
+        (mr + 1, nc + 1, 5),  # packing (m*n*k is large enough) with a partial n block
+        (2 * mc + mr - 1, nr - 1, kc - 1),
+    ]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("side", SIDES)
+@pytest.mark.parametrize("layout", ["C", "ldF", "ldT"])
+def test_gemm_across_cache_blocks(dtype, side, layout, rng, assert_gemm_close):
+    shapes = _block_edge_shapes(dtype)
+    seed = int(rng.integers(2**32))
+    placements = {name: (side, layout) for name in "ABC"}
+
+    def body():
+        for shape, (trans_a, trans_b) in itertools.product(
+            shapes, itertools.product((False, True), repeat=2)
+        ):
+            _gemm_on_guarded(assert_gemm_close, seed, shape, dtype, placements,
+                             trans_a, trans_b, 1.0)
+
+    run_isolated(body)

@@ -1,4 +1,4 @@
-"""Render lowered kernel IR as C99 (with the ISA's intrinsics when it has vectors).
+"""Render lowered kernel IR as C11 (with the ISA's intrinsics when it has vectors).
 
 ``render(module, isa) -> str``. Rendering is separate from compiling: see
 ``backend.compiler`` and ``runtime.cache``. Vector operations are printed with the
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from ..errors import ScheduleError
 from ..ir import kernel as k
+from ..ir.walk import names_used
 from ..target.isa import Isa
 
 _SCALAR = {"f32": "float", "f64": "double", "i64": "int64_t", "i32": "int32_t", "bool": "int"}
@@ -126,7 +127,7 @@ class _Renderer:
         if isinstance(s, k.Call):
             return [f"{pad}{s.func}({', '.join(self.expr(a) for a in s.args)});"]
         if isinstance(s, k.Prefetch):
-            return [f"{pad}__builtin_prefetch({self.addr(s.buf, s.index)}, {int(s.write)}, 3);"]
+            return [f"{pad}BLACC_PREFETCH({self.addr(s.buf, s.index)}, {int(s.write)});"]
         raise TypeError(f"the C backend cannot print {type(s).__name__}; lower it first")
 
     # ------------------------------------------------------------------ functions
@@ -144,7 +145,10 @@ class _Renderer:
         if allocs and not f.exported:
             raise ScheduleError(f"{f.name}: scratch buffers belong to the entry function")
         # Scratch pointers start NULL so that the failure path may free them all.
+        # An entry keeps its ABI even where a parameter was fixed at compile time.
+        used = names_used(f.body)
         lines = [self.signature(f) + " {",
+                 *[f"    (void){p.name};" for p in f.params if p.name not in used],
                  *[f"    {_SCALAR[s.dtype]} *restrict {s.buf} = NULL;" for s in allocs],
                  *self.stmts(f.body, 1)]
         if f.exported:
@@ -162,6 +166,11 @@ def render(module: k.Module, isa: Isa) -> str:
             "#include <stdint.h>", "#include <stdlib.h>", "#include <stddef.h>"]
     if isa.header:
         head.append(f"#include <{isa.header}>")
+    head += ["#if defined(__GNUC__)",
+             "#define BLACC_PREFETCH(p, w) __builtin_prefetch((p), (w), 3)",
+             "#else",
+             "#define BLACC_PREFETCH(p, w) ((void)0)",
+             "#endif"]
     protos = [r.signature(f) + ";" for f in module.functions if not f.exported]
     bodies = [r.function(f) for f in module.functions]
     return "\n".join(head) + "\n\n" + "\n".join(protos) + "\n\n" + "\n\n".join(bodies) + "\n"

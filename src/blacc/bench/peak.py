@@ -185,7 +185,7 @@ def measure_peak() -> Peak:
             "float64": lambda: lib.blacc_peak_f64(_ITERATIONS, m, a),
         },
         min_sample_s=0.02,
-        samples=5,
+        samples=9,
     )
     lanes = {"float32": lib.blacc_peak_lanes_f32(), "float64": lib.blacc_peak_lanes_f64()}
     accumulators = lib.blacc_peak_accumulators()

@@ -55,3 +55,20 @@ def simplify(node: Any) -> Any:
         return x
 
     return rewrite(node, visit)
+
+
+def names_used(node: Any) -> set[str]:
+    """Every variable and buffer name that ``node`` reads or writes."""
+    from .kernel import Load, Operand2D, Prefetch, Ref, Store
+
+    names: set[str] = set()
+
+    def visit(x: Any) -> Any:
+        if isinstance(x, Var):
+            names.add(x.name)
+        elif isinstance(x, (Load, Store, Ref, Prefetch, Operand2D)):
+            names.add(x.buf)
+        return x
+
+    rewrite(node, visit)
+    return names

@@ -74,7 +74,7 @@ AVX2 = Isa(
     ops=_avx2_ops(),
 )
 
-#: Plain C99 with no intrinsics: any CPU, any C compiler. Tiles use scalar
+#: Plain C with no intrinsics: any CPU, any C compiler. Tiles use scalar
 #: accumulators and the C compiler may auto-vectorize.
 GENERIC = Isa(name="generic", registers=16, flags=(), header=None)
 

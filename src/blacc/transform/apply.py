@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from ..errors import ScheduleError
 from ..ir import kernel as k
 from ..ir.structured import Contraction
-from ..ir.walk import simplify, substitute
+from ..ir.walk import names_used, rewrite, simplify, substitute
 from .schedule import Pack, Schedule, Tile, UnrollJam, Vectorize
 
 
@@ -254,7 +254,13 @@ def _micro_kernel(name: str, dt: str, mr: int, nr: int, unroll: int, lanes: int,
     a = k.Operand2D("a", k.Const(0), v["a_rs"], v["a_cs"])
     b = k.Operand2D("b", k.Const(0), v["b_rs"], v["b_cs"])
     c = k.Operand2D("c", k.Const(0), v["c_rs"], v["c_cs"])
+    # Bring the C tile toward L1 while the k loop runs (rows and columns clamped to the
+    # tile's valid part: a prefetch past the array would be harmless, but stays inside).
+    last_col = k.minimum(nr - 1, v["cols"] - 1)
+    warm_c = tuple(k.Prefetch("c", c.at(k.minimum(r, v["rows"] - 1), col), write=True)
+                   for r in range(mr) for col in (k.Const(0), last_col))
     body = (k.TileZero(tile),
+            *warm_c,
             k.TileMMA(tile, a, b, v["kc"], v["rows"], v["cols"], padded, unroll),
             k.TileStore(tile, c, v["rows"], v["cols"], k.Var("alpha", dt), k.Var("beta", dt)))
     return k.Function(name, params, body)
@@ -276,12 +282,10 @@ def _inline_constant_args(module: k.Module) -> k.Module:
     """Drop parameters whose value was folded into the callee from signature and calls."""
     keep: dict[str, list[int]] = {}
     for f in module.functions:
-        used = _used_names(f.body)
+        used = names_used(f.body)
         keep[f.name] = [n for n, p in enumerate(f.params) if p.name in used or f.exported]
 
     def fix_calls(body: tuple[k.Stmt, ...]) -> tuple[k.Stmt, ...]:
-        from ..ir.walk import rewrite
-
         def visit(x: object) -> object:
             if isinstance(x, k.Call) and x.func in keep:
                 return k.Call(x.func, tuple(x.args[n] for n in keep[x.func]))
@@ -301,21 +305,3 @@ def _walk_stmts(body: tuple[k.Stmt, ...]):
         yield s
         for child in (getattr(s, "body", ()), getattr(s, "then", ()), getattr(s, "orelse", ())):
             yield from _walk_stmts(child)
-
-
-def _used_names(node: object) -> set[str]:
-    from ..ir.walk import rewrite
-
-    names: set[str] = set()
-
-    def visit(x: object) -> object:
-        if isinstance(x, k.Var):
-            names.add(x.name)
-        elif isinstance(x, (k.Load, k.Store, k.Ref, k.Prefetch)):
-            names.add(x.buf)
-        elif isinstance(x, k.Operand2D):
-            names.add(x.buf)
-        return x
-
-    rewrite(node, visit)
-    return names

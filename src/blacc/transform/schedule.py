@@ -29,7 +29,7 @@ class Tile:
             raise ScheduleError("Tile needs at least one (dimension, size) pair")
         seen = set()
         for dim, size in self.sizes:
-            if not isinstance(size, int) or size < 1:
+            if not isinstance(size, int) or isinstance(size, bool) or size < 1:
                 raise ScheduleError(f"Tile size for {dim!r} must be a positive integer, got {size!r}")
             if dim in seen:
                 raise ScheduleError(f"Tile names dimension {dim!r} twice")
@@ -46,7 +46,7 @@ class Pack:
     sliver: int
 
     def __post_init__(self) -> None:
-        if not isinstance(self.sliver, int) or self.sliver < 1:
+        if not isinstance(self.sliver, int) or isinstance(self.sliver, bool) or self.sliver < 1:
             raise ScheduleError(f"Pack sliver of {self.operand!r} must be a positive integer")
 
 
@@ -85,18 +85,29 @@ def to_json(schedule: Schedule) -> str:
 
 
 def from_json(text: str) -> Schedule:
-    items = []
-    for raw in json.loads(text):
-        fields = dict(raw)
-        kind = fields.pop("kind", None)
-        if kind not in _KINDS:
-            raise ScheduleError(f"unknown transformation {kind!r} in schedule JSON")
-        if kind == "Tile":
-            fields["sizes"] = tuple((str(d), int(s)) for d, s in fields["sizes"])
-        items.append(_KINDS[kind](**fields))
+    """Parse what ``to_json`` wrote; anything malformed raises ScheduleError."""
+    try:
+        raw_items = json.loads(text)
+        if not isinstance(raw_items, list):
+            raise ScheduleError("schedule JSON must be a list of transformations")
+        items = []
+        for raw in raw_items:
+            fields = dict(raw)
+            kind = fields.pop("kind", None)
+            if kind not in _KINDS:
+                raise ScheduleError(f"unknown transformation {kind!r} in schedule JSON")
+            if kind == "Tile":
+                fields["sizes"] = tuple((d, s) for d, s in fields["sizes"])
+            items.append(_KINDS[kind](**fields))
+    except (TypeError, KeyError, ValueError) as exc:
+        if isinstance(exc, ScheduleError):
+            raise
+        raise ScheduleError(f"malformed schedule JSON: {exc}") from exc
     return tuple(items)
 
 
 def show(schedule: Schedule) -> str:
     """The schedule as the Python expression that builds it."""
+    if len(schedule) == 1:
+        return f"({schedule[0]!r},)"
     return "(" + ",\n ".join(repr(t) for t in schedule) + ")"

@@ -1,0 +1,122 @@
+"""Compile LLVM IR text (``backend.llvm``) to host machine code in-process, with llvmlite.
+
+No C compiler and no files: ``emit_object`` runs LLVM's -O3 pipeline for the host CPU and
+returns an object file's bytes (which a cache may store), and ``JitLibrary`` loads such
+bytes into an MCJIT engine and hands out function addresses for ctypes.
+
+LLVM state is process-global and llvmlite is not thread-safe, so every LLVM call here
+holds one lock. Engines are never freed: a ctypes function made from an address must
+stay valid for as long as the process runs.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import functools
+import threading
+
+import llvmlite.binding as llvm
+
+__all__ = ["JitLibrary", "cpu_id", "emit_assembly", "emit_object", "host_target_machine",
+           "optimize"]
+
+_LOCK = threading.RLock()
+
+#: Every engine made, kept alive for the life of the process (see the module docstring).
+_ENGINES: list[llvm.ExecutionEngine] = []
+
+#: C library functions the generated code calls, directly (the scratch buffers) or after
+#: LLVM turned a loop into one (memset, memcpy).
+_LIBC_SYMBOLS = ("aligned_alloc", "free", "memset", "memcpy", "memmove")
+
+
+@functools.lru_cache(maxsize=None)
+def _initialize() -> None:
+    """Once per process: the native target, and libc's symbols for the JIT's linker."""
+    llvm.initialize_native_target()
+    llvm.initialize_native_asmprinter()
+    llvm.initialize_native_asmparser()
+    libc = ctypes.CDLL(ctypes.util.find_library("c") or None)
+    for name in _LIBC_SYMBOLS:
+        fn = getattr(libc, name, None)
+        if fn is not None:
+            llvm.add_symbol(name, ctypes.cast(fn, ctypes.c_void_p).value)
+
+
+def _new_target_machine() -> llvm.TargetMachine:
+    _initialize()
+    target = llvm.Target.from_triple(llvm.get_process_triple())
+    return target.create_target_machine(
+        cpu=llvm.get_host_cpu_name(), features=llvm.get_host_cpu_features().flatten(),
+        opt=3, reloc="pic", codemodel="default")
+
+
+@functools.lru_cache(maxsize=None)
+def host_target_machine() -> llvm.TargetMachine:
+    """The host CPU with all its features, at -O3. Shared: code generation only reads it
+    (an MCJIT engine takes ownership of its machine, so engines get their own)."""
+    return _new_target_machine()
+
+
+@functools.lru_cache(maxsize=None)
+def cpu_id() -> str:
+    """What the machine code depends on besides the IR: CPU, its features, LLVM version.
+    Belongs in the cache key of stored objects."""
+    _initialize()
+    version = ".".join(map(str, llvm.llvm_version_info))
+    return (f"{llvm.get_host_cpu_name()};{llvm.get_host_cpu_features().flatten()};"
+            f"llvm-{version};{llvm.get_process_triple()}")
+
+
+def optimize(ir_text: str) -> llvm.ModuleRef:
+    """Parse and verify ``ir_text``, set the host's triple and data layout, and run the
+    new pass manager's -O3 module pipeline on it."""
+    tm = host_target_machine()
+    with _LOCK:
+        mod = llvm.parse_assembly(ir_text)
+        mod.triple = tm.triple
+        mod.data_layout = str(tm.target_data)
+        mod.verify()
+        pto = llvm.create_pipeline_tuning_options(speed_level=3)
+        pb = llvm.create_pass_builder(tm, pto)
+        pb.getModulePassManager().run(mod, pb)
+        mod.verify()
+    return mod
+
+
+def emit_object(ir_text: str) -> bytes:
+    """Optimized object code for the host (ELF/Mach-O/COFF bytes)."""
+    mod = optimize(ir_text)
+    with _LOCK:
+        return host_target_machine().emit_object(mod)
+
+
+def emit_assembly(ir_text: str) -> str:
+    """The optimized host assembly of ``ir_text``, to inspect what LLVM made of a kernel."""
+    mod = optimize(ir_text)
+    with _LOCK:
+        return host_target_machine().emit_assembly(mod)
+
+
+class JitLibrary:
+    """Object code loaded into this process: like a shared library, without a file."""
+
+    def __init__(self, obj: bytes) -> None:
+        with _LOCK:
+            tm = _new_target_machine()
+            empty = llvm.parse_assembly("")
+            empty.triple = tm.triple
+            engine = llvm.create_mcjit_compiler(empty, tm)
+            engine.add_object_file(llvm.ObjectFileRef.from_data(obj))
+            engine.finalize_object()
+            _ENGINES.append(engine)
+        self._engine = engine
+
+    def address(self, name: str) -> int:
+        """The address of the exported function ``name``; KeyError when there is none."""
+        with _LOCK:
+            addr = self._engine.get_function_address(name)
+        if not addr:
+            raise KeyError(f"no exported function {name!r} in this library")
+        return addr

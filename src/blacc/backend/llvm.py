@@ -1,0 +1,497 @@
+"""Render lowered kernel IR as LLVM IR text, for the in-process JIT (``backend.jit``).
+
+``render(module, isa) -> str`` prints the same plain nodes as ``backend.c``, so the two
+backends must agree on every program. Choices that keep them agreeing:
+
+* every variable lives in an ``alloca`` of the entry block, as in unoptimized clang
+  output; mem2reg/SROA turn them into SSA values, so this walker needs no phi bookkeeping;
+* pointer parameters are ``noalias`` (C's ``restrict``) and integer ``+ - *`` are
+  ``nsw`` (C's signed ``int64_t`` arithmetic may not overflow);
+* a vector ``Fma`` is ``llvm.fma`` (the ISA's fused intrinsic) and a scalar one is
+  ``llvm.fmuladd`` (what clang makes of ``a * b + c``: fused where the target has it);
+  no other fast-math flag is set, so nothing is reassociated;
+* loads and stores carry only the element's alignment, as C's pointers do.
+
+The text has no target triple or data layout: ``backend.jit`` sets the host's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import struct
+from dataclasses import dataclass
+
+import numpy as np
+from llvmlite.binding import llvm_version_info
+
+from ..errors import ScheduleError
+from ..ir import kernel as k
+from ..ir.walk import rewrite
+from ..target.isa import Isa
+
+_SCALAR = {"f32": "float", "f64": "double", "i64": "i64", "i32": "i32", "bool": "i1",
+           "ptr": "ptr"}
+_SIZE = {"f32": 4, "f64": 8, "i64": 8, "i32": 4, "bool": 1}
+_FLOATS = ("f32", "f64")
+_ICMP = {"<": "slt", "<=": "sle", "==": "eq", "!=": "ne"}
+_FCMP = {"<": "olt", "<=": "ole", "==": "oeq", "!=": "une"}  # C's comparisons on floats
+_IARITH = {"+": "add nsw", "-": "sub nsw", "*": "mul nsw", "/": "sdiv", "%": "srem"}
+_FARITH = {"+": "fadd", "-": "fsub", "*": "fmul", "/": "fdiv", "%": "frem"}
+
+#: LLVM 22 moved the alignment of masked loads/stores from an i32 operand to an ``align``
+#: attribute on the pointer; older versions want the operand.
+_MASK_ALIGN_OPERAND = llvm_version_info[0] < 22
+
+
+def _type(dtype: str, lanes: int) -> str:
+    return _SCALAR[dtype] if lanes == 1 else f"<{lanes} x {_SCALAR[dtype]}>"
+
+
+def _suffix(dtype: str, lanes: int) -> str:
+    """The type suffix of an overloaded intrinsic: f32, v8f32, i64, ..."""
+    name = {"f32": "f32", "f64": "f64", "i64": "i64", "i32": "i32", "bool": "i1"}[dtype]
+    return name if lanes == 1 else f"v{lanes}{name}"
+
+
+def _literal(value: int | float, dtype: str) -> str:
+    """A scalar constant. Floats are printed as the hex of their double value, which is
+    exact (an f32 constant must be a double that is exactly representable as float)."""
+    if dtype in _FLOATS:
+        x = float(np.float32(value)) if dtype == "f32" else float(value)
+        bits = struct.unpack("<Q", struct.pack("<d", x))[0]
+        return f"0x{bits:016X}"
+    if dtype == "bool":
+        return "true" if value else "false"
+    return str(int(value))
+
+
+def _speculatable(e: k.Expr) -> bool:
+    """Whether evaluating ``e`` unconditionally is safe: no loads (the address may be
+    invalid on the path not taken) and no integer division (by zero)."""
+    if isinstance(e, k.Load):
+        return False
+    if isinstance(e, k.Bin) and e.op in ("/", "%") and e.dtype not in _FLOATS:
+        return False
+    return all(_speculatable(getattr(e, f.name)) for f in dataclasses.fields(e)
+               if isinstance(getattr(e, f.name), k.Expr))
+
+
+def _allocs(body: tuple[k.Stmt, ...]) -> list[k.Alloc]:
+    out: list[k.Alloc] = []
+    for s in body:
+        if isinstance(s, k.Alloc):
+            out.append(s)
+        elif isinstance(s, k.For):
+            out += _allocs(s.body)
+        elif isinstance(s, k.If):
+            out += _allocs(s.then) + _allocs(s.orelse)
+    return out
+
+
+@dataclass(frozen=True)
+class _Val:
+    """An SSA value or constant: its text and its kernel IR type."""
+
+    ref: str
+    dtype: str
+    lanes: int = 1
+
+    @property
+    def type(self) -> str:
+        return _type(self.dtype, self.lanes)
+
+    @property
+    def typed(self) -> str:
+        return f"{self.type} {self.ref}"
+
+
+class _ModuleState:
+    """What the functions of one module share: intrinsic declarations and loop ids."""
+
+    def __init__(self, module: k.Module, isa: Isa) -> None:
+        self.module = module
+        self.isa = isa
+        self.declares: dict[str, str] = {}
+        self.loops = 0
+
+    def declare(self, name: str, ret: str, args: str) -> str:
+        self.declares.setdefault(name, f"declare {ret} @{name}({args})")
+        return name
+
+    def loop_id(self) -> str:
+        """A fresh ``!llvm.loop`` id; ``!0`` is the shared ``mustprogress`` property."""
+        self.loops += 1
+        return f"!{self.loops}"
+
+    def metadata(self) -> list[str]:
+        if not self.loops:
+            return []
+        return ['!0 = !{!"llvm.loop.mustprogress"}',
+                *[f"!{i} = distinct !{{!{i}, !0}}" for i in range(1, self.loops + 1)]]
+
+
+class _FunctionWriter:
+    """Prints one function: entry-block allocas, then the body's blocks."""
+
+    def __init__(self, state: _ModuleState, func: k.Function) -> None:
+        self.m = state
+        self.f = func
+        self.lines: list[str] = []
+        self.allocas: list[str] = []
+        self.count = 0
+        self.slots: dict[tuple[str, str, int], str] = {}
+        self.buffers: dict[str, tuple[str, str, bool]] = {}  # name -> (pointer, dtype, in slot)
+        self.block = "entry.0"
+        self.oom = False
+
+    # ------------------------------------------------------------------ emission helpers
+    def fresh(self, hint: str) -> str:
+        self.count += 1
+        return f"{hint}.{self.count}"
+
+    def emit(self, line: str) -> None:
+        self.lines.append("  " + line)
+
+    def value(self, instr: str, dtype: str, lanes: int = 1) -> _Val:
+        ref = "%" + self.fresh("t")
+        self.emit(f"{ref} = {instr}")
+        return _Val(ref, dtype, lanes)
+
+    def start(self, label: str) -> None:
+        self.lines.append(f"{label}:")
+        self.block = label
+
+    def branch(self, cond: _Val, then: str, orelse: str) -> None:
+        self.emit(f"br i1 {cond.ref}, label %{then}, label %{orelse}")
+
+    def call(self, name: str, ret: str, args: list[_Val | tuple[str, str]]) -> str:
+        """``call ret @name(args)``, declaring ``name``. An argument is a value or a pair
+        (type, text as passed: the type, attributes and the value)."""
+        pairs = [(a.type, a.typed) if isinstance(a, _Val) else a for a in args]
+        self.m.declare(name, ret, ", ".join(t for t, _ in pairs))
+        return f"call {ret} @{name}({', '.join(text for _, text in pairs)})"
+
+    # ------------------------------------------------------------------ variables and buffers
+    def slot(self, var: k.Var, create: bool = False) -> str:
+        key = (var.name, var.dtype, var.lanes)
+        if key not in self.slots:
+            if not create:
+                raise TypeError(f"{self.f.name}: variable {var.name!r} ({var.dtype} x "
+                                f"{var.lanes}) is used before it is declared")
+            n = sum(1 for name, _, _ in self.slots if name == var.name)
+            ref = f"%{var.name}.addr" + (f".{n}" if n else "")
+            self.allocas.append(f"  {ref} = alloca {_type(var.dtype, var.lanes)}")
+            self.slots[key] = ref
+        return self.slots[key]
+
+    def buffer(self, name: str) -> tuple[str, str]:
+        """(pointer value, element type) of a parameter or scratch buffer."""
+        if name not in self.buffers:
+            raise TypeError(f"{self.f.name}: unknown buffer {name!r}")
+        ptr, dtype, in_slot = self.buffers[name]
+        if in_slot:
+            ptr = self.value(f"load ptr, ptr {ptr}", "ptr").ref
+        return ptr, dtype
+
+    def address(self, buf: str, index: k.Expr, *, inbounds: bool = True) -> str:
+        """``&buf[index]``. Masked accesses and prefetches may point past the buffer, so
+        their address is computed without ``inbounds``."""
+        ptr, dtype = self.buffer(buf)
+        idx = self.expr(index)
+        if idx.ref == "0":
+            return ptr
+        gep = "getelementptr inbounds" if inbounds else "getelementptr"
+        return self.value(f"{gep} {_SCALAR[dtype]}, ptr {ptr}, {idx.typed}", "ptr").ref
+
+    # ------------------------------------------------------------------ expressions
+    def expr(self, e: k.Expr) -> _Val:  # noqa: C901 - one case per node
+        if isinstance(e, k.Const):
+            v = _Val(_literal(e.value, e.dtype), e.dtype)
+            return self.widen(v, e.lanes)
+        if isinstance(e, k.Var):
+            return self.value(f"load {_type(e.dtype, e.lanes)}, ptr {self.slot(e)}",
+                              e.dtype, e.lanes)
+        if isinstance(e, k.Bin):
+            return self.binary(e)
+        if isinstance(e, k.Load):
+            return self.load(e)
+        if isinstance(e, k.Broadcast):
+            return self.widen(self.expr(e.value), e.lanes)
+        if isinstance(e, k.Fma):
+            a, b, c = (self.widen(self.expr(x), e.lanes) for x in (e.a, e.b, e.c))
+            fused = e.lanes > 1 and ("fma", e.dtype) in self.m.isa.ops
+            name = f"llvm.{'fma' if fused else 'fmuladd'}.{_suffix(e.dtype, e.lanes)}"
+            return self.value(self.call(name, c.type, [a, b, c]), e.dtype, e.lanes)
+        if isinstance(e, k.Select):
+            return self.select(e)
+        if isinstance(e, k.Ref):
+            return _Val(self.address(e.buf, e.index), "ptr")
+        raise TypeError(f"the LLVM backend cannot print {type(e).__name__}")
+
+    def widen(self, v: _Val, lanes: int) -> _Val:
+        """``v`` in every one of ``lanes`` lanes (insertelement + shufflevector)."""
+        if v.lanes == lanes:
+            return v
+        if v.lanes != 1:
+            raise TypeError(f"cannot widen a {v.lanes}-lane value to {lanes} lanes")
+        vec = _type(v.dtype, lanes)
+        one = self.value(f"insertelement {vec} poison, {v.typed}, i64 0", v.dtype, lanes)
+        return self.value(f"shufflevector {one.typed}, {vec} poison, <{lanes} x i32> "
+                          "zeroinitializer", v.dtype, lanes)
+
+    def truth(self, v: _Val) -> _Val:
+        """A condition as i1: C's ``x != 0`` for non-boolean values."""
+        if v.dtype == "bool":
+            return v
+        zero = self.widen(_Val(_literal(0, v.dtype), v.dtype), v.lanes)
+        cmp = "fcmp une" if v.dtype in _FLOATS else "icmp ne"
+        return self.value(f"{cmp} {v.typed}, {zero.ref}", "bool", v.lanes)
+
+    def binary(self, e: k.Bin) -> _Val:
+        a, b = self.widen(self.expr(e.a), e.lanes), self.widen(self.expr(e.b), e.lanes)
+        if e.op == "and":
+            a, b = self.truth(a), self.truth(b)
+            return self.value(f"and {a.typed}, {b.ref}", "bool", e.lanes)
+        if a.dtype != b.dtype:
+            raise TypeError(f"operands of {e.op!r} have types {a.dtype} and {b.dtype}")
+        is_float = a.dtype in _FLOATS
+        if e.op in _ICMP:
+            cmp = f"fcmp {_FCMP[e.op]}" if is_float else f"icmp {_ICMP[e.op]}"
+            return self.value(f"{cmp} {a.typed}, {b.ref}", "bool", e.lanes)
+        if e.op in ("min", "max"):
+            if is_float:
+                name = f"llvm.{e.op}num.{_suffix(a.dtype, a.lanes)}"
+                return self.value(self.call(name, a.type, [a, b]), a.dtype, a.lanes)
+            pick = self.value(f"icmp {'slt' if e.op == 'min' else 'sgt'} {a.typed}, {b.ref}",
+                              "bool", e.lanes)
+            return self.value(f"select {pick.typed}, {a.typed}, {b.typed}", a.dtype, a.lanes)
+        op = (_FARITH if is_float else _IARITH)[e.op]
+        return self.value(f"{op} {a.typed}, {b.ref}", a.dtype, a.lanes)
+
+    def mask(self, count: k.Expr, lanes: int) -> _Val:
+        """Lane i is on iff i < count (any count: negative means none, > lanes all)."""
+        n = self.widen(self.expr(count), lanes)
+        iota = ", ".join(f"i64 {i}" for i in range(lanes))
+        return self.value(f"icmp sgt {n.typed}, <{iota}>", "bool", lanes)
+
+    def masked(self, kind: str, dtype: str, lanes: int, ptr: str, mask: _Val,
+               value: _Val | None = None) -> str:
+        """A call of llvm.masked.load (``value`` None: zeros in the off lanes) or .store."""
+        name = f"llvm.masked.{kind}.{_suffix(dtype, lanes)}.p0"
+        align = _SIZE[dtype]
+        ptr_args = ([("ptr", f"ptr {ptr}"), ("i32", f"i32 {align}")] if _MASK_ALIGN_OPERAND
+                    else [("ptr", f"ptr align {align} {ptr}")])
+        vec = _type(dtype, lanes)
+        if value is None:
+            return self.call(name, vec, [*ptr_args, mask, (vec, f"{vec} zeroinitializer")])
+        return self.call(name, "void", [value, *ptr_args, mask])
+
+    def load(self, e: k.Load) -> _Val:
+        if e.count is None:
+            ptr = self.address(e.buf, e.index)
+            return self.value(f"load {_type(e.dtype, e.lanes)}, ptr {ptr}, align {_SIZE[e.dtype]}",
+                              e.dtype, e.lanes)
+        if e.lanes == 1:  # count > 0 ? buf[index] : 0, reading nothing when count <= 0
+            plain = k.Load(e.buf, e.index, e.dtype)
+            return self.select(k.Select(k.Bin("<", k.Const(0), e.count), plain,
+                                        k.Const(0, e.dtype)))
+        ptr = self.address(e.buf, e.index, inbounds=False)
+        mask = self.mask(e.count, e.lanes)
+        return self.value(self.masked("load", e.dtype, e.lanes, ptr, mask), e.dtype, e.lanes)
+
+    def select(self, e: k.Select) -> _Val:
+        if e.cond.lanes > 1 or (_speculatable(e.a) and _speculatable(e.b)):
+            cond = self.truth(self.expr(e.cond))
+            a, b = self.widen(self.expr(e.a), e.lanes), self.widen(self.expr(e.b), e.lanes)
+            return self.value(f"select {cond.typed}, {a.typed}, {b.typed}", a.dtype, a.lanes)
+        # Like C's ?:, evaluate only the chosen side.
+        cond = self.truth(self.expr(e.cond))
+        then, orelse, join = self.fresh("sel.then"), self.fresh("sel.else"), self.fresh("sel.end")
+        self.branch(cond, then, orelse)
+        arms = []
+        for label, x in ((then, e.a), (orelse, e.b)):
+            self.start(label)
+            arms.append((self.widen(self.expr(x), e.lanes), self.block))
+            self.emit(f"br label %{join}")
+        self.start(join)
+        (a, a_end), (b, b_end) = arms
+        return self.value(f"phi {a.type} [ {a.ref}, %{a_end} ], [ {b.ref}, %{b_end} ]",
+                          a.dtype, a.lanes)
+
+    # ------------------------------------------------------------------ statements
+    def stmts(self, body: tuple[k.Stmt, ...]) -> None:
+        for s in body:
+            self.stmt(s)
+
+    def assign(self, var: k.Var, value: k.Expr, declare: bool) -> None:
+        slot = self.slot(var, create=declare)
+        v = self.widen(self.expr(value), var.lanes)
+        if v.dtype != var.dtype:
+            raise TypeError(f"{var.name} is {var.dtype} but is given a {v.dtype} value")
+        self.emit(f"store {v.typed}, ptr {slot}")
+
+    def stmt(self, s: k.Stmt) -> None:  # noqa: C901 - one case per node
+        if isinstance(s, k.Comment):
+            self.emit("; " + " ".join(s.text.split()))
+        elif isinstance(s, (k.Decl, k.Assign)):
+            self.assign(s.var, s.value, isinstance(s, k.Decl))
+        elif isinstance(s, k.Store):
+            self.store(s)
+        elif isinstance(s, k.For):
+            self.loop(s)
+        elif isinstance(s, k.If):
+            self.branches(s)
+        elif isinstance(s, k.Alloc):
+            self.alloc(s)
+        elif isinstance(s, k.Free):
+            self.free(s.buf)
+        elif isinstance(s, k.Call):
+            self.invoke(s)
+        elif isinstance(s, k.Prefetch):
+            ptr = self.address(s.buf, s.index, inbounds=False)
+            args = [("ptr", f"ptr {ptr}"), *(("i32", f"i32 {x}") for x in (int(s.write), 3, 1))]
+            self.emit(self.call("llvm.prefetch.p0", "void", args))
+        else:
+            raise TypeError(f"the LLVM backend cannot print {type(s).__name__}; lower it first")
+
+    def store(self, s: k.Store) -> None:
+        if s.count is not None and s.value.lanes == 1:
+            plain = k.Store(s.buf, s.index, s.value)
+            self.branches(k.If(k.Bin("<", k.Const(0), s.count), (plain,)))
+            return
+        v = self.expr(s.value)
+        if s.count is None:
+            ptr = self.address(s.buf, s.index)
+            self.emit(f"store {v.typed}, ptr {ptr}, align {_SIZE[v.dtype]}")
+            return
+        ptr = self.address(s.buf, s.index, inbounds=False)
+        self.emit(self.masked("store", v.dtype, v.lanes, ptr, self.mask(s.count, v.lanes), v))
+
+    def loop(self, s: k.For) -> None:
+        """for.cond re-evaluates ``stop`` each time, as C's ``for`` does; the latch branch
+        carries the loop id."""
+        if s.step <= 0:
+            raise ScheduleError(f"loop over {s.var.name} has step {s.step}; it must be positive")
+        slot = self.slot(s.var, create=True)
+        self.emit(f"store {self.expr(s.start).typed}, ptr {slot}")
+        cond, body, end = self.fresh("for.cond"), self.fresh("for.body"), self.fresh("for.end")
+        self.emit(f"br label %{cond}")
+        self.start(cond)
+        i = self.value(f"load i64, ptr {slot}", "i64")
+        going = self.value(f"icmp slt {i.typed}, {self.expr(s.stop).ref}", "bool")
+        self.branch(going, body, end)
+        self.start(body)
+        self.stmts(s.body)
+        i = self.value(f"load i64, ptr {slot}", "i64")
+        nxt = self.value(f"add nsw {i.typed}, {s.step}", "i64")
+        self.emit(f"store {nxt.typed}, ptr {slot}")
+        self.emit(f"br label %{cond}, !llvm.loop {self.m.loop_id()}")
+        self.start(end)
+
+    def branches(self, s: k.If) -> None:
+        cond = self.truth(self.expr(s.cond))
+        then, end = self.fresh("if.then"), self.fresh("if.end")
+        orelse = self.fresh("if.else") if s.orelse else end
+        self.branch(cond, then, orelse)
+        self.start(then)
+        self.stmts(s.then)
+        self.emit(f"br label %{end}")
+        if s.orelse:
+            self.start(orelse)
+            self.stmts(s.orelse)
+            self.emit(f"br label %{end}")
+        self.start(end)
+
+    def alloc(self, s: k.Alloc) -> None:
+        """aligned_alloc needs a size that is a multiple of the alignment; NULL jumps to
+        the function's out-of-memory block."""
+        a = s.align
+        n = self.expr(s.size)
+        nbytes = self.value(f"mul nsw {n.typed}, {_SIZE[s.dtype]}", "i64")
+        padded = self.value(f"add nsw {nbytes.typed}, {a - 1}", "i64")
+        size = self.value(f"and {padded.typed}, {-a}", "i64")
+        ptr = self.value(self.call("aligned_alloc", "ptr", [("i64", f"i64 {a}"), size]), "ptr")
+        self.emit(f"store ptr {ptr.ref}, ptr {self.buffers[s.buf][0]}")
+        null = self.value(f"icmp eq ptr {ptr.ref}, null", "bool")
+        ok = self.fresh("alloc.ok")
+        self.branch(null, "out_of_memory.0", ok)
+        self.oom = True
+        self.start(ok)
+
+    def free(self, buf: str) -> None:
+        self.emit(self.call("free", "void", [("ptr", f"ptr {self.buffer(buf)[0]}")]))
+
+    def invoke(self, s: k.Call) -> None:
+        callee = self.m.module.function(s.func)
+        if len(callee.params) != len(s.args):
+            raise TypeError(f"{s.func}() takes {len(callee.params)} arguments, "
+                            f"got {len(s.args)}")
+        args = []
+        for p, a in zip(callee.params, s.args, strict=True):
+            v = self.expr(a)
+            want = "ptr" if p.pointer else _SCALAR[p.dtype]
+            if v.type != want:
+                raise TypeError(f"{s.func}(): argument {p.name} is {want}, got {v.type}")
+            args.append(v.typed)
+        self.emit(f"call {'i32' if callee.exported else 'void'} @{s.func}({', '.join(args)})")
+
+    # ------------------------------------------------------------------ the function
+    def render(self) -> str:
+        f = self.f
+        allocs = _allocs(f.body)
+        if allocs and not f.exported:
+            raise ScheduleError(f"{f.name}: scratch buffers belong to the entry function")
+        params, prologue = [], []
+        for p in f.params:
+            if p.pointer:
+                params.append(f"ptr noalias %{p.name}")
+                self.buffers[p.name] = (f"%{p.name}", p.dtype, False)
+            else:
+                params.append(f"{_SCALAR[p.dtype]} %{p.name}")
+                prologue.append(f"  store {_SCALAR[p.dtype]} %{p.name}, ptr "
+                                f"{self.slot(p.var, create=True)}")
+        for s in allocs:  # scratch pointers start NULL so the failure path may free them all
+            slot = f"%{s.buf}.buf"
+            self.allocas.append(f"  {slot} = alloca ptr")
+            prologue.append(f"  store ptr null, ptr {slot}")
+            self.buffers[s.buf] = (slot, s.dtype, True)
+        self.stmts(f.body)
+        self.emit("ret i32 0" if f.exported else "ret void")
+        if self.oom:
+            self.start("out_of_memory.0")
+            for s in allocs:
+                self.free(s.buf)
+            self.emit("ret i32 1")
+        head = (f"define i32 @{f.name}" if f.exported else f"define internal void @{f.name}")
+        return "\n".join([f"{head}({', '.join(params)}) #0 {{", "entry.0:", *self.allocas,
+                          *prologue, *self.lines, "}"])
+
+
+def render(module: k.Module, isa: Isa) -> str:
+    """The module as LLVM IR text (opaque pointers, no triple: the JIT sets the host's)."""
+    for f in module.functions:
+        for p in f.params:
+            if p.dtype not in _SIZE:
+                raise TypeError(f"{f.name}: parameter {p.name} has unknown type {p.dtype}")
+    _check_vectors(module, isa)
+    state = _ModuleState(module, isa)
+    bodies = [_FunctionWriter(state, f).render() for f in module.functions]
+    return "\n".join([
+        f"; generated by blacc; target: {isa.name}",
+        "", "\n\n".join(bodies), "",
+        *sorted(state.declares.values()), "",
+        'attributes #0 = { nounwind "no-trapping-math"="true" }',
+        *state.metadata(), ""])
+
+
+def _check_vectors(module: k.Module, isa: Isa) -> None:
+    """Only the ISA's vector widths may appear, as in the C backend: LLVM would accept
+    any width, but a program that the C backend rejects must not pass here."""
+    def visit(x: object) -> object:
+        if isinstance(x, k.Expr) and x.lanes > 1 and x.dtype != "bool" \
+                and isa.lanes(x.dtype) != x.lanes:
+            raise ScheduleError(f"target {isa.name} has no {x.lanes}-lane {x.dtype} vector")
+        return x
+
+    for f in module.functions:
+        rewrite(f.body, visit)
