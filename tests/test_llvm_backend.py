@@ -61,7 +61,7 @@ def _function(module: k.Module, isa: Isa):
     return ctypes.CFUNCTYPE(ctypes.c_int, *argtypes)(lib.address(entry.name))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _kernel(case: str):
     return _function(*_lowered(case))
 

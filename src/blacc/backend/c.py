@@ -137,7 +137,10 @@ class _Renderer:
         return f"{_SCALAR[p.dtype]} {p.name}"
 
     def signature(self, f: k.Function) -> str:
-        ret = "int" if f.exported else "static void"
+        # Helpers stay out of line: inlined into the loop nest, the micro-kernel's
+        # accumulators compete with the nest's variables and the register allocator
+        # starts moving them around inside the k loop.
+        ret = "int" if f.exported else "BLACC_NOINLINE static void"
         return f"{ret} {f.name}({', '.join(self.param(p) for p in f.params)})"
 
     def function(self, f: k.Function) -> str:
@@ -168,8 +171,10 @@ def render(module: k.Module, isa: Isa) -> str:
         head.append(f"#include <{isa.header}>")
     head += ["#if defined(__GNUC__)",
              "#define BLACC_PREFETCH(p, w) __builtin_prefetch((p), (w), 3)",
+             "#define BLACC_NOINLINE __attribute__((noinline))",
              "#else",
              "#define BLACC_PREFETCH(p, w) ((void)0)",
+             "#define BLACC_NOINLINE",
              "#endif"]
     protos = [r.signature(f) + ";" for f in module.functions if not f.exported]
     bodies = [r.function(f) for f in module.functions]

@@ -12,8 +12,8 @@ stay valid for as long as the process runs.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import functools
+import os
 import threading
 
 import llvmlite.binding as llvm
@@ -31,13 +31,15 @@ _ENGINES: list[llvm.ExecutionEngine] = []
 _LIBC_SYMBOLS = ("aligned_alloc", "free", "memset", "memcpy", "memmove")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _initialize() -> None:
     """Once per process: the native target, and libc's symbols for the JIT's linker."""
     llvm.initialize_native_target()
     llvm.initialize_native_asmprinter()
     llvm.initialize_native_asmparser()
-    libc = ctypes.CDLL(ctypes.util.find_library("c") or None)
+    if os.name != "posix":  # no aligned_alloc there (the C backend needs it as well)
+        return
+    libc = ctypes.CDLL(None)  # the process's global symbols, libc's among them
     for name in _LIBC_SYMBOLS:
         fn = getattr(libc, name, None)
         if fn is not None:
@@ -45,21 +47,24 @@ def _initialize() -> None:
 
 
 def _new_target_machine() -> llvm.TargetMachine:
+    """The host CPU at -O3, for code that MCJIT loads: the JIT's code model (large on
+    x86-64) because MCJIT maps code and constants separately, possibly more than the
+    small model's +-2 GiB apart; the kernels' hot loops address no constants."""
     _initialize()
     target = llvm.Target.from_triple(llvm.get_process_triple())
     return target.create_target_machine(
         cpu=llvm.get_host_cpu_name(), features=llvm.get_host_cpu_features().flatten(),
-        opt=3, reloc="pic", codemodel="default")
+        opt=3, reloc="pic", codemodel="jitdefault", jit=True)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def host_target_machine() -> llvm.TargetMachine:
     """The host CPU with all its features, at -O3. Shared: code generation only reads it
     (an MCJIT engine takes ownership of its machine, so engines get their own)."""
     return _new_target_machine()
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def cpu_id() -> str:
     """What the machine code depends on besides the IR: CPU, its features, LLVM version.
     Belongs in the cache key of stored objects."""

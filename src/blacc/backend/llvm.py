@@ -114,9 +114,8 @@ class _ModuleState:
         self.declares: dict[str, str] = {}
         self.loops = 0
 
-    def declare(self, name: str, ret: str, args: str) -> str:
+    def declare(self, name: str, ret: str, args: str) -> None:
         self.declares.setdefault(name, f"declare {ret} @{name}({args})")
-        return name
 
     def loop_id(self) -> str:
         """A fresh ``!llvm.loop`` id; ``!0`` is the shared ``mustprogress`` property."""
@@ -368,23 +367,26 @@ class _FunctionWriter:
         self.emit(self.masked("store", v.dtype, v.lanes, ptr, self.mask(s.count, v.lanes), v))
 
     def loop(self, s: k.For) -> None:
-        """for.cond re-evaluates ``stop`` each time, as C's ``for`` does; the latch branch
-        carries the loop id."""
+        """As ``ir.interp`` runs it: start and stop are evaluated once, and a hidden counter
+        sets the variable at each iteration, so the body cannot change the trip count. The
+        latch branch carries the loop id."""
         if s.step <= 0:
             raise ScheduleError(f"loop over {s.var.name} has step {s.step}; it must be positive")
-        slot = self.slot(s.var, create=True)
-        self.emit(f"store {self.expr(s.start).typed}, ptr {slot}")
+        var = self.slot(s.var, create=True)
+        counter = "%" + self.fresh(f"{s.var.name}.iv")
+        self.allocas.append(f"  {counter} = alloca i64")
+        self.emit(f"store {self.expr(s.start).typed}, ptr {counter}")
+        stop = self.expr(s.stop)
         cond, body, end = self.fresh("for.cond"), self.fresh("for.body"), self.fresh("for.end")
         self.emit(f"br label %{cond}")
         self.start(cond)
-        i = self.value(f"load i64, ptr {slot}", "i64")
-        going = self.value(f"icmp slt {i.typed}, {self.expr(s.stop).ref}", "bool")
-        self.branch(going, body, end)
+        i = self.value(f"load i64, ptr {counter}", "i64")
+        self.branch(self.value(f"icmp slt {i.typed}, {stop.ref}", "bool"), body, end)
         self.start(body)
+        self.emit(f"store {i.typed}, ptr {var}")
         self.stmts(s.body)
-        i = self.value(f"load i64, ptr {slot}", "i64")
         nxt = self.value(f"add nsw {i.typed}, {s.step}", "i64")
-        self.emit(f"store {nxt.typed}, ptr {slot}")
+        self.emit(f"store {nxt.typed}, ptr {counter}")
         self.emit(f"br label %{cond}, !llvm.loop {self.m.loop_id()}")
         self.start(end)
 

@@ -150,7 +150,26 @@ def check_gemm(A: object, B: object, C: np.ndarray | None, alpha: object, beta: 
 
 
 def _ptr(x: np.ndarray) -> int:
-    return x.__array_interface__["data"][0]
+    return x.ctypes.data
+
+
+#: (target, dtype, m, n, k, B has unit column stride) -> compiled kernel, so the per-call
+#: cost of choosing is one dict lookup. Bounded: cleared when it grows past the limit.
+_DISPATCH: dict[tuple, NativeKernel] = {}
+_DISPATCH_LIMIT = 4096
+
+
+def dispatch(tgt: Target, dtype: str, m: int, n: int, k: int, b_unit: bool) -> NativeKernel:
+    """The compiled kernel for one problem shape on ``tgt``."""
+    key = (id(tgt), dtype, m, n, k, b_unit)
+    kernel = _DISPATCH.get(key)
+    if kernel is None:
+        plan = choose(m, n, k, dtype, machine=tgt.machine, isa=tgt.isa, b_unit_cols=b_unit)
+        kernel = gemm_kernel(dtype, plan, tgt.isa).native
+        if len(_DISPATCH) >= _DISPATCH_LIMIT:
+            _DISPATCH.clear()
+        _DISPATCH[key] = kernel
+    return kernel
 
 
 def run_gemm(call: GemmCall, target: Target | None = None) -> np.ndarray:
@@ -175,13 +194,10 @@ def run_gemm(call: GemmCall, target: Target | None = None) -> np.ndarray:
     else:
         out_k = out
     a, b = _in_place_or_copy(a), _in_place_or_copy(b)
-    tgt = target or host_target()
     mk, nk = out_k.shape
-    plan = choose(mk, nk, k, call.dtype, machine=tgt.machine, isa=tgt.isa,
-                  b_unit_cols=b.strides[1] == b.itemsize)
-    kernel = gemm_kernel(call.dtype, plan, tgt.isa)
     size = a.itemsize
-    status = kernel.native(mk, nk, k, call.alpha, _ptr(a), a.strides[0] // size,
+    kernel = dispatch(target or host_target(), call.dtype, mk, nk, k, b.strides[1] == size)
+    status = kernel.function(mk, nk, k, call.alpha, _ptr(a), a.strides[0] // size,
                            a.strides[1] // size, _ptr(b), b.strides[0] // size,
                            b.strides[1] // size, call.beta, _ptr(out_k),
                            out_k.strides[0] // size, out_k.strides[1] // size)
