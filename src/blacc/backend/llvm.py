@@ -1,10 +1,10 @@
 """Render lowered kernel IR as LLVM IR text, for the in-process JIT (``backend.jit``).
 
-``render(module, isa) -> str`` prints the same plain nodes as ``backend.c``, so the two
-backends must agree on every program. Choices that keep them agreeing:
+``render(module, isa) -> str`` prints the same plain nodes as ``backend.c`` with the
+meaning ``ir.interp`` gives them, so the backends agree on every program. Choices:
 
 * every variable lives in an ``alloca`` of the entry block, as in unoptimized clang
-  output; mem2reg/SROA turn them into SSA values, so this walker needs no phi bookkeeping;
+  output; mem2reg/SROA turn them into SSA values, so loops and branches need no phis;
 * pointer parameters are ``noalias`` (C's ``restrict``) and integer ``+ - *`` are
   ``nsw`` (C's signed ``int64_t`` arithmetic may not overflow);
 * a vector ``Fma`` is ``llvm.fma`` (the ISA's fused intrinsic) and a scalar one is
