@@ -154,3 +154,14 @@ def gemm_tolerance():
 @pytest.fixture(scope="session")
 def assert_gemm_close():
     return _assert_gemm_close
+
+
+#: Every code generator the spine's tests run on.
+BACKENDS = ("c", "llvm")
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request, monkeypatch):
+    """Run the test once per backend: the public API reads $BLACC_BACKEND at each call."""
+    monkeypatch.setenv("BLACC_BACKEND", request.param)
+    return request.param

@@ -13,6 +13,9 @@ import blacc
 from conftest import DTYPES, LAYOUTS
 from guard import bits, outside_view
 
+# Every test here runs on both code generators (the C compiler and the LLVM JIT).
+pytestmark = pytest.mark.usefixtures("backend")
+
 TRANSPOSES = list(itertools.product((False, True), repeat=2))
 SCALARS = (0.0, 1.0, -0.5, 2.5)
 C_PAD = -999.0  # finite sentinel around C views: a write into padding changes it

@@ -12,6 +12,9 @@ import blacc
 from blacc.errors import AliasingError, ArgumentError, DTypeError, ShapeError
 from guard import bits
 
+# Every test here runs on both code generators (the C compiler and the LLVM JIT).
+pytestmark = pytest.mark.usefixtures("backend")
+
 
 def mentions_shape(message: str, shape) -> bool:
     """Whether ``message`` names the 2-D ``shape``: '(7, 11)', '7x11', '7 x 11', '7×11', ..."""

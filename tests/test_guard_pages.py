@@ -29,6 +29,9 @@ from guard import (
     span_bounds,
 )
 
+# Every test here runs on both code generators (the C compiler and the LLVM JIT).
+pytestmark = pytest.mark.usefixtures("backend")
+
 SIDES = ("after", "before")
 # Storage layouts of guarded operands (keyword arguments of guarded_array).
 GUARD_LAYOUTS = {

@@ -9,25 +9,32 @@ import numpy as np
 from .ir import printer
 from .ir.dtypes import float_type_of
 from .ir.structured import Contraction, matmul as matmul_op
+from .runtime.build import resolve_backend
 from .runtime.gemm import check_gemm, gemm_kernel, host_target, run_gemm
 from .strategy.gemm import Plan, choose
 from .transform.schedule import Schedule, show
 
 
 def gemm(A: np.ndarray, B: np.ndarray, C: np.ndarray | None = None, *, alpha: float = 1.0,
-         beta: float = 0.0, trans_a: bool = False, trans_b: bool = False) -> np.ndarray:
+         beta: float = 0.0, trans_a: bool = False, trans_b: bool = False,
+         backend: str | None = None) -> np.ndarray:
     """C = alpha * op(A) @ op(B) + beta * C, op(X) = X.T when trans_X; float32 or float64.
 
     When C is given it is updated in place and returned; otherwise a new C-ordered array
     is returned (and beta is irrelevant). beta == 0 never reads C. Raises a subclass of
     ``blacc.BlaccError`` naming the problem, before anything is written, for bad shapes,
-    dtypes, a read-only C or a C that overlaps A or B."""
-    return run_gemm(check_gemm(A, B, C, alpha, beta, trans_a, trans_b))
+    dtypes, a read-only C or a C that overlaps A or B.
+
+    ``backend``: 'c' (system C compiler), 'llvm' (in-process JIT through llvmlite) or
+    'auto' (C when a compiler works, else LLVM); default ``$BLACC_BACKEND`` or 'auto'."""
+    call = check_gemm(A, B, C, alpha, beta, trans_a, trans_b)
+    return run_gemm(call, backend=resolve_backend(backend))
 
 
-def matmul(A: np.ndarray, B: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+def matmul(A: np.ndarray, B: np.ndarray, out: np.ndarray | None = None, *,
+           backend: str | None = None) -> np.ndarray:
     """``A @ B`` for 2-D float32/float64 arrays, like ``numpy.matmul``; ``out`` if given."""
-    return gemm(A, B, out, alpha=1.0, beta=0.0)
+    return gemm(A, B, out, alpha=1.0, beta=0.0, backend=backend)
 
 
 @dataclass(frozen=True)
@@ -37,6 +44,7 @@ class Explanation:
     shape: tuple[int, int, int]
     dtype: str
     target: str
+    backend: str
     plan: Plan
     contraction: Contraction
     schedule: Schedule
@@ -47,7 +55,7 @@ class Explanation:
     def __str__(self) -> str:
         m, n, k = self.shape
         parts = [
-            f"GEMM {m}x{n}x{k} {self.dtype} on {self.target}",
+            f"GEMM {m}x{n}x{k} {self.dtype} on {self.target}, {self.backend} backend",
             f"strategy: {self.plan.describe()}",
             "",
             "== structured operation ==",
@@ -58,13 +66,15 @@ class Explanation:
         ]
         for name, text in self.levels:
             parts += ["", f"== kernel IR: {name} ==", text]
-        parts += ["", "== C ==", self.source, f"(library: {self.library})"]
+        title = "C" if self.backend == "c" else "LLVM IR"
+        parts += ["", f"== {title} ==", self.source, f"(artifact: {self.library})"]
         return "\n".join(parts)
 
 
 def explain(A: np.ndarray | None = None, B: np.ndarray | None = None, *, m: int | None = None,
             n: int | None = None, k: int | None = None, dtype: object = "f32",
-            trans_a: bool = False, trans_b: bool = False) -> Explanation:
+            trans_a: bool = False, trans_b: bool = False,
+            backend: str | None = None) -> Explanation:
     """Show the strategy, its parameters, each IR level and the C for a GEMM of these
     operands (or of size m x n x k, with C-ordered operands)."""
     if A is not None and B is not None:
@@ -78,8 +88,9 @@ def explain(A: np.ndarray | None = None, B: np.ndarray | None = None, *, m: int 
         b_unit = not trans_b
     tgt = host_target()
     plan = choose(m, n, k, dt, machine=tgt.machine, isa=tgt.isa, b_unit_cols=b_unit)
-    kern = gemm_kernel(dt, plan, tgt.isa)
+    chosen = resolve_backend(backend)
+    kern = gemm_kernel(dt, plan, tgt.isa, chosen)
     levels = tuple((name, printer.module(mod)) for name, mod in kern.levels)
-    return Explanation((m, n, k), dt, f"{tgt.machine.name} ({tgt.isa.name})", plan,
+    return Explanation((m, n, k), dt, f"{tgt.machine.name} ({tgt.isa.name})", chosen, plan,
                        matmul_op(dt, trans_a=trans_a, trans_b=trans_b), plan.schedule, levels,
-                       kern.native.source, kern.native.library_path)
+                       kern.native.source, kern.native.artifact)

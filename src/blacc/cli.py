@@ -69,6 +69,10 @@ def build_parser() -> argparse.ArgumentParser:
     explain.add_argument("--dtype", choices=("f32", "f64"), default="f32")
     explain.add_argument("--trans-a", action="store_true", help="A is stored transposed")
     explain.add_argument("--trans-b", action="store_true", help="B is stored transposed")
+    for p in (bench, explain):
+        p.add_argument("--backend", choices=("c", "llvm", "auto"), default=None,
+                       help="code generator: system C compiler, LLVM JIT, or auto "
+                       "(default: $BLACC_BACKEND or auto)")
 
     info = sub.add_parser("info", help="show the detected machine and C compiler")
     info.add_argument("--peak", action="store_true", help="also measure peak flops/s")
@@ -86,6 +90,7 @@ def _bench(args: argparse.Namespace) -> int:
         _DTYPES[args.dtype],
         quick=args.quick,
         peak=peak,
+        backend=args.backend,
         progress=lambda case: print(f"running {case} ...", file=sys.stderr, flush=True),
     )
     print(gemm.format_table(rows, peak))
@@ -110,6 +115,7 @@ def _explain(args: argparse.Namespace) -> int:
         dtype=np.dtype(_DTYPES[args.dtype][0]),
         trans_a=args.trans_a,
         trans_b=args.trans_b,
+        backend=args.backend,
     )
     print(str(result))
     return 0

@@ -125,7 +125,8 @@ def _gflops(m: int, n: int, k: int, seconds: float) -> float:
     return 2.0 * m * n * k / seconds / 1e9
 
 
-def _bench_one(dtype: np.dtype, shape: Shape, timing: _Timing, peak: Peak) -> Row:
+def _bench_one(dtype: np.dtype, shape: Shape, timing: _Timing, peak: Peak,
+               backend: str | None) -> Row:
     import blacc  # late: formatting and parsing work without the compiler stack loaded
 
     m, n, k = shape
@@ -133,12 +134,12 @@ def _bench_one(dtype: np.dtype, shape: Shape, timing: _Timing, peak: Peak) -> Ro
     a = rng.uniform(-1.0, 1.0, size=(m, k)).astype(dtype)
     b = rng.uniform(-1.0, 1.0, size=(k, n)).astype(dtype)
     c = np.full((m, n), np.nan, dtype=dtype)  # beta=0 must not read C, NaN or not
-    result = blacc.gemm(a, b, c, beta=0.0)
+    result = blacc.gemm(a, b, c, beta=0.0, backend=backend)
     verified = verify_gemm(np.asarray(result), a, b) and verify_gemm(c, a, b)
     with single_thread():
         stats = measure_interleaved(
             {
-                "blacc": lambda: blacc.gemm(a, b, c, beta=0.0),
+                "blacc": lambda: blacc.gemm(a, b, c, beta=0.0, backend=backend),
                 "numpy": lambda: np.matmul(a, b, out=c),
             },
             min_sample_s=timing.min_sample_s,
@@ -169,6 +170,7 @@ def run_gemm_bench(
     quick: bool,
     peak: Peak | None = None,
     progress: Callable[[str], None] | None = None,
+    backend: str | None = None,
 ) -> list[Row]:
     """Verify and time blacc.gemm against NumPy for every dtype and ``(m, n, k)`` shape.
 
@@ -187,7 +189,7 @@ def run_gemm_bench(
         for shape in cases:
             if progress is not None:
                 progress(f"{dtype.name} {'x'.join(map(str, shape))}")
-            rows.append(_bench_one(dtype, shape, timing, peak))
+            rows.append(_bench_one(dtype, shape, timing, peak, backend))
     return rows
 
 

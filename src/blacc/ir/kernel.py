@@ -328,7 +328,8 @@ class TileMMA(Stmt):
     ``rows``/``cols`` are the valid extents at the matrix edges; when ``padded`` the
     operands hold zeros (or at least readable memory) past them, so full tiles may be
     read, otherwise reads past the edges must be avoided. ``unroll`` is the
-    unroll-and-jam factor of the k loop."""
+    unroll-and-jam factor of the k loop; ``prefetch`` names contiguous (packed) panels
+    to prefetch that many k steps ahead."""
 
     tile: Tile
     a: Operand2D
@@ -338,6 +339,7 @@ class TileMMA(Stmt):
     cols: Expr
     padded: bool
     unroll: int = 1
+    prefetch: tuple[tuple[str, int], ...] = ()  # ("a" | "b", distance in k steps)
 
 
 @dataclass(frozen=True)

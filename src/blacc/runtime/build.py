@@ -1,8 +1,12 @@
-"""Turn a lowered kernel IR module into a callable native function.
+"""Turn a lowered kernel IR module into a callable native function, with either backend.
 
-Render (backend.c) -> compile (backend.compiler) -> cache (runtime.cache) -> ctypes.
-The cache key is a hash of the C source (which carries the program, schedule and
-target), the compiler's identity and flags, and blacc's version.
+* ``c``: render C (backend.c) -> the system compiler -> a shared library -> ctypes;
+* ``llvm``: render LLVM IR (backend.llvm) -> llvmlite's optimizer and code generator ->
+  an object file -> the in-process JIT (backend.jit); no C compiler needed.
+
+Both go through the disk cache (runtime.cache), keyed by a hash of the rendered source
+(which carries program, schedule and target), the toolchain's identity and flags, and
+blacc's version. ``auto`` is C when a working compiler is found, else LLVM.
 """
 
 from __future__ import annotations
@@ -12,13 +16,17 @@ import functools
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from .. import __version__
-from ..backend.c import render
+from ..backend import c as c_backend
 from ..backend.compiler import Compiler, compile_shared, find_compiler
+from ..errors import ArgumentError, CompilerError, CompilerNotFoundError
 from ..ir import kernel as k
 from ..target.isa import Isa
 from .cache import cache_key, default_cache
+
+BACKENDS = ("c", "llvm", "auto")
 
 _CTYPES = {"i64": ctypes.c_int64, "i32": ctypes.c_int32, "f32": ctypes.c_float,
            "f64": ctypes.c_double}
@@ -34,23 +42,57 @@ def host_compiler() -> Compiler:
     return find_compiler(os.environ.get("CC") or None)
 
 
+@functools.lru_cache(maxsize=None)
+def _c_available() -> bool:
+    try:
+        host_compiler()
+    except CompilerNotFoundError:
+        return False
+    return True
+
+
+def resolve_backend(backend: str | None) -> str:
+    """'c' or 'llvm' for a requested backend: the argument, else $BLACC_BACKEND, else
+    'auto' (C when a working compiler exists, LLVM otherwise)."""
+    name = backend or os.environ.get("BLACC_BACKEND") or "auto"
+    if name not in BACKENDS:
+        raise ArgumentError(f"unknown backend {name!r}: choose one of {', '.join(BACKENDS)}")
+    if name == "auto":
+        return "c" if _c_available() else "llvm"
+    return name
+
+
 @dataclass(frozen=True)
 class NativeKernel:
     """A compiled entry function and everything needed to explain it."""
 
     module: k.Module
+    backend: str
     source: str
-    library_path: str
-    function: ctypes._CFuncPtr  # type: ignore[name-defined]
+    artifact: str  # path of the cached shared library or object file
+    function: Any  # a ctypes function
 
     def __call__(self, *args: object) -> int:
         return self.function(*args)
 
 
-def build(module: k.Module, isa: Isa, *, compiler: Compiler | None = None) -> NativeKernel:
-    """Compile ``module`` (fully lowered) for ``isa`` and load its entry function."""
-    cc = compiler or host_compiler()
-    source = render(module, isa)
+def _signature(entry: k.Function) -> tuple[Any, list[Any]]:
+    args = [ctypes.c_void_p if p.pointer else _CTYPES[p.dtype] for p in entry.params]
+    return ctypes.c_int, args
+
+
+def build(module: k.Module, isa: Isa, *, backend: str = "c",
+          compiler: Compiler | None = None) -> NativeKernel:
+    """Compile ``module`` (fully lowered) for ``isa`` with ``backend`` and load its entry."""
+    if backend == "c":
+        return _build_c(module, isa, compiler or host_compiler())
+    if backend == "llvm":
+        return _build_llvm(module, isa)
+    raise ArgumentError(f"build() needs backend 'c' or 'llvm', not {backend!r}")
+
+
+def _build_c(module: k.Module, isa: Isa, cc: Compiler) -> NativeKernel:
+    source = c_backend.render(module, isa)
     flags = (*BASE_FLAGS, *isa.flags)
     key = cache_key(source=source, compiler=[cc.path, *cc.args, cc.version], flags=list(flags),
                     blacc=__version__)
@@ -61,6 +103,26 @@ def build(module: k.Module, isa: Isa, *, compiler: Compiler | None = None) -> Na
     lib = default_cache().library(key, compile_to)
     entry = module.function(module.entry)
     fn = getattr(lib, entry.name)
-    fn.restype = ctypes.c_int
-    fn.argtypes = [ctypes.c_void_p if p.pointer else _CTYPES[p.dtype] for p in entry.params]
-    return NativeKernel(module, source, getattr(lib, "_name", ""), fn)
+    fn.restype, fn.argtypes = _signature(entry)
+    return NativeKernel(module, "c", source, getattr(lib, "_name", ""), fn)
+
+
+def _build_llvm(module: k.Module, isa: Isa) -> NativeKernel:
+    try:
+        from ..backend import jit, llvm
+    except ImportError as exc:  # llvmlite is a dependency, but say so clearly if missing
+        raise CompilerError(f"the LLVM backend needs llvmlite: {exc}") from exc
+    source = llvm.render(module, isa)
+    key = cache_key(llvm_ir=source, cpu=jit.cpu_id(), blacc=__version__)
+
+    def compile_to(path: Path) -> None:
+        path.write_bytes(jit.emit_object(source))
+
+    def load(path: Path) -> jit.JitLibrary:
+        return jit.JitLibrary(path.read_bytes())
+
+    lib = default_cache().library(key, compile_to, suffix=".o", load=load)
+    entry = module.function(module.entry)
+    restype, argtypes = _signature(entry)
+    fn = ctypes.CFUNCTYPE(restype, *argtypes)(lib.address(entry.name))
+    return NativeKernel(module, "llvm", source, key, fn)

@@ -119,7 +119,7 @@ class KernelCache:
 
     def __init__(self, directory: Path | None = None) -> None:
         self._directory = Path(directory) if directory is not None else default_cache_dir()
-        self._loaded: dict[str, ctypes.CDLL] = {}
+        self._loaded: dict[str, Any] = {}
         self._lock = threading.Lock()
         self._key_locks: dict[str, threading.Lock] = {}
         self._fallback: Path | None = None
@@ -129,12 +129,15 @@ class KernelCache:
         """The directory entries are read from and written to now."""
         return self._fallback if self._fallback is not None else self._directory
 
-    def library(self, key: str, build: Callable[[Path], None], suffix: str = ".so") -> ctypes.CDLL:
+    def library(self, key: str, build: Callable[[Path], None], suffix: str = ".so",
+                load: Callable[[Path], Any] = ctypes.CDLL) -> Any:
         """Return the library for ``key``, loading it from memory or disk or building it.
 
         ``build(path)`` must write the shared library to ``path`` (a fresh temporary file
         in the cache directory); its exceptions propagate. The key must be a safe file
-        name (e.g. from :func:`cache_key`) and the suffix like ``".so"``.
+        name (e.g. from :func:`cache_key`) and the suffix like ``".so"``. ``load`` turns a
+        checked file into the loaded object (a ``ctypes.CDLL`` by default; the LLVM
+        backend loads object files into its JIT).
         """
         if not _KEY_RE.fullmatch(key):
             raise ValueError(f"cache key {key!r} is not a 2-128 character file-name-safe token")
@@ -151,7 +154,7 @@ class KernelCache:
             with self._lock:
                 lib = self._loaded.get(key)
             if lib is None:
-                lib = self._load_or_build(key, build, suffix)
+                lib = self._load_or_build(key, build, suffix, load)
                 with self._lock:
                     self._loaded[key] = lib
         return lib
@@ -160,17 +163,18 @@ class KernelCache:
         subdir = root / key[:2]
         return subdir, subdir / f"{key}{suffix}", subdir / f"{key}.json"
 
-    def _load_or_build(self, key: str, build: Callable[[Path], None], suffix: str) -> ctypes.CDLL:
+    def _load_or_build(self, key: str, build: Callable[[Path], None], suffix: str,
+                       load: Callable[[Path], Any]) -> Any:
         _, lib_path, manifest_path = self._paths(self.directory, key, suffix)
         if self._verify(key, lib_path, manifest_path):
             try:
-                return ctypes.CDLL(str(lib_path))
-            except OSError:
+                return load(lib_path)
+            except (OSError, RuntimeError):
                 pass  # Verified but unloadable (e.g. a foreign architecture): rebuild.
         lib_path = self._build(key, build, suffix)
         try:
-            return ctypes.CDLL(str(lib_path))
-        except OSError as exc:
+            return load(lib_path)
+        except (OSError, RuntimeError) as exc:
             raise CompilerError(f"freshly built kernel {lib_path} cannot be loaded: {exc}") from exc
 
     def _verify(self, key: str, lib_path: Path, manifest_path: Path) -> bool:

@@ -53,14 +53,15 @@ class GemmKernel:
 
 
 @functools.lru_cache(maxsize=64)
-def gemm_kernel(dtype: str, plan: Plan, isa: Isa) -> GemmKernel:
-    """Apply the plan's schedule, lower it for ``isa`` and compile it (memoized)."""
+def gemm_kernel(dtype: str, plan: Plan, isa: Isa, backend: str = "c") -> GemmKernel:
+    """Apply the plan's schedule, lower it for ``isa`` and compile it with ``backend``
+    ('c' or 'llvm'; memoized)."""
     op = matmul(dtype)
     name = f"blacc_gemm_{dtype}_{plan.strategy}"
     scheduled = apply(op, plan.schedule, name=name, known_strides=dict(plan.known_strides))
     final, passes = lower(scheduled, isa)
     levels = (("schedule", scheduled), *passes)
-    return GemmKernel(dtype, plan, op, levels, build(final, isa))
+    return GemmKernel(dtype, plan, op, levels, build(final, isa, backend=backend))
 
 
 # ----------------------------------------------------------------------------- arguments
@@ -153,27 +154,28 @@ def _ptr(x: np.ndarray) -> int:
     return x.ctypes.data
 
 
-#: (target, dtype, m, n, k, B has unit column stride) -> compiled kernel, so the per-call
-#: cost of choosing is one dict lookup. Bounded: cleared when it grows past the limit.
+#: (target, backend, dtype, m, n, k, B has unit column stride) -> compiled kernel, so the
+#: per-call cost of choosing is one dict lookup. Bounded: cleared past the limit.
 _DISPATCH: dict[tuple, NativeKernel] = {}
 _DISPATCH_LIMIT = 4096
 
 
-def dispatch(tgt: Target, dtype: str, m: int, n: int, k: int, b_unit: bool) -> NativeKernel:
-    """The compiled kernel for one problem shape on ``tgt``."""
-    key = (id(tgt), dtype, m, n, k, b_unit)
+def dispatch(tgt: Target, backend: str, dtype: str, m: int, n: int, k: int,
+             b_unit: bool) -> NativeKernel:
+    """The compiled kernel for one problem shape on ``tgt`` with ``backend``."""
+    key = (id(tgt), backend, dtype, m, n, k, b_unit)
     kernel = _DISPATCH.get(key)
     if kernel is None:
         plan = choose(m, n, k, dtype, machine=tgt.machine, isa=tgt.isa, b_unit_cols=b_unit)
-        kernel = gemm_kernel(dtype, plan, tgt.isa).native
+        kernel = gemm_kernel(dtype, plan, tgt.isa, backend).native
         if len(_DISPATCH) >= _DISPATCH_LIMIT:
             _DISPATCH.clear()
         _DISPATCH[key] = kernel
     return kernel
 
 
-def run_gemm(call: GemmCall, target: Target | None = None) -> np.ndarray:
-    """Execute a checked call; returns the user's C."""
+def run_gemm(call: GemmCall, target: Target | None = None, backend: str = "c") -> np.ndarray:
+    """Execute a checked call with ``backend`` ('c' or 'llvm'); returns the user's C."""
     a, b, c = call.a, call.b, call.c
     m, n = c.shape
     k = a.shape[1]
@@ -196,7 +198,8 @@ def run_gemm(call: GemmCall, target: Target | None = None) -> np.ndarray:
     a, b = _in_place_or_copy(a), _in_place_or_copy(b)
     mk, nk = out_k.shape
     size = a.itemsize
-    kernel = dispatch(target or host_target(), call.dtype, mk, nk, k, b.strides[1] == size)
+    kernel = dispatch(target or host_target(), backend, call.dtype, mk, nk, k,
+                      b.strides[1] == size)
     status = kernel.function(mk, nk, k, call.alpha, _ptr(a), a.strides[0] // size,
                            a.strides[1] // size, _ptr(b), b.strides[0] // size,
                            b.strides[1] // size, call.beta, _ptr(out_k),

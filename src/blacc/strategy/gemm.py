@@ -12,10 +12,11 @@ from dataclasses import dataclass
 from ..target.blocking import blis_blocking
 from ..target.isa import Isa
 from ..target.machine import Machine
-from ..transform.schedule import Pack, Schedule, Tile, UnrollJam, Vectorize
+from ..transform.schedule import Pack, Prefetch, Schedule, Tile, UnrollJam, Vectorize
 
 
-def blis(mc: int, kc: int, nc: int, mr: int, nr: int, ku: int, lanes: int = 1) -> Schedule:
+def blis(mc: int, kc: int, nc: int, mr: int, nr: int, ku: int, lanes: int = 1, *,
+         prefetch_a: int = 0, prefetch_b: int = 0) -> Schedule:
     """jc (nc) / pc (kc) / pack B / ic (mc) / pack A / jr (nr) / ir (mr) / micro-kernel."""
     return (
         Tile((("j", nc),)),
@@ -26,6 +27,8 @@ def blis(mc: int, kc: int, nc: int, mr: int, nr: int, ku: int, lanes: int = 1) -
         Tile((("j", nr), ("i", mr))),
         UnrollJam("k", ku),
         *((Vectorize("j", lanes),) if lanes > 1 else ()),
+        *((Prefetch("A", prefetch_a),) if prefetch_a else ()),
+        *((Prefetch("B", prefetch_b),) if prefetch_b else ()),
     )
 
 

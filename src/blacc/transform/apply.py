@@ -18,7 +18,7 @@ from ..errors import ScheduleError
 from ..ir import kernel as k
 from ..ir.structured import Contraction
 from ..ir.walk import names_used, rewrite, simplify, substitute
-from .schedule import Pack, Schedule, Tile, UnrollJam, Vectorize
+from .schedule import Pack, Prefetch, Schedule, Tile, UnrollJam, Vectorize
 
 
 @dataclass(frozen=True)
@@ -63,10 +63,11 @@ class _Plan:
     packs: dict[str, tuple[int, int]]  # operand -> (loop depth, sliver)
     unroll: int
     lanes: int
+    prefetch: dict[str, int]  # operand -> distance
 
 
 def _read_schedule(op: Contraction, r: _Roles, schedule: Schedule) -> _Plan:
-    plan = _Plan(loops=[], packs={}, unroll=1, lanes=1)
+    plan = _Plan(loops=[], packs={}, unroll=1, lanes=1, prefetch={})
     dims = {d.name for d in op.domain}
     for t in schedule:
         if isinstance(t, Tile):
@@ -94,6 +95,10 @@ def _read_schedule(op: Contraction, r: _Roles, schedule: Schedule) -> _Plan:
                 raise ScheduleError(f"Vectorize: only {r.j!r}, the output's unit-stride "
                                     f"dimension, maps onto lanes, not {t.dim!r}")
             plan.lanes = t.lanes
+        elif isinstance(t, Prefetch):
+            if t.operand not in (r.left, r.right):
+                raise ScheduleError(f"Prefetch: {t.operand!r} is not an input of {op.name}")
+            plan.prefetch[t.operand] = t.distance
         else:
             raise ScheduleError(f"unknown transformation {t!r}")
     return plan
@@ -118,6 +123,10 @@ def _check(plan: _Plan, r: _Roles) -> tuple[int, int]:
             raise ScheduleError(f"Pack({operand!r}) must come before the register tile")
         if k_depths and k_depths[0] >= depth:
             raise ScheduleError(f"Pack({operand!r}) must come after Tile of {r.k!r}")
+    for operand in plan.prefetch:
+        if operand not in plan.packs:
+            raise ScheduleError(f"Prefetch({operand!r}) needs the operand packed: only a "
+                                "packed panel is contiguous")
     if nr % plan.lanes:
         raise ScheduleError(f"Vectorize: {plan.lanes} lanes do not divide the register "
                             f"tile's {r.j}={nr}")
@@ -217,8 +226,10 @@ def apply(op: Contraction, schedule: Schedule, *, name: str = "kernel",
         return k.Call(f"{name}_micro", args)
 
     loops = body_at(0)
+    roles = {r.left: "a", r.right: "b"}
+    prefetch = tuple(sorted((roles[o], d) for o, d in plan.prefetch.items()))
     micro = _micro_kernel(f"{name}_micro", dt, mr, nr, plan.unroll, plan.lanes,
-                          padded=len(plan.packs) == 2)
+                          padded=len(plan.packs) == 2, prefetch=prefetch)
     body = (*allocs, *loops, *frees)
     if known_strides:
         body = simplify(substitute(body, {s: k.Const(v) for s, v in known_strides.items()}))
@@ -241,7 +252,7 @@ def _entry_params(op: Contraction) -> tuple[k.Param, ...]:
 
 
 def _micro_kernel(name: str, dt: str, mr: int, nr: int, unroll: int, lanes: int,
-                  padded: bool) -> k.Function:
+                  padded: bool, prefetch: tuple[tuple[str, int], ...]) -> k.Function:
     """C[0:rows, 0:cols] = alpha * A[0:mr, 0:kc] @ B[0:kc, 0:nr] + beta * C, as tile ops."""
     i64 = "i64"
     params = (k.Param("kc", i64), k.Param("a", dt, True, True), k.Param("a_rs", i64),
@@ -261,7 +272,7 @@ def _micro_kernel(name: str, dt: str, mr: int, nr: int, unroll: int, lanes: int,
                    for r in range(mr) for col in (k.Const(0), last_col))
     body = (k.TileZero(tile),
             *warm_c,
-            k.TileMMA(tile, a, b, v["kc"], v["rows"], v["cols"], padded, unroll),
+            k.TileMMA(tile, a, b, v["kc"], v["rows"], v["cols"], padded, unroll, prefetch),
             k.TileStore(tile, c, v["rows"], v["cols"], k.Var("alpha", dt), k.Var("beta", dt)))
     return k.Function(name, params, body)
 

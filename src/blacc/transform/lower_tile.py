@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from ..errors import ScheduleError
 from ..ir import kernel as k
+from ..ir.dtypes import itemsize
 from ..target.isa import Isa
 
 
@@ -112,12 +113,31 @@ def _mma_loops(s: k.TileMMA, lanes: int, *, guarded: bool, tag: str) -> list[k.S
         return stmts
 
     if s.unroll == 1:
-        return [k.For(p, k.Const(0), s.k, 1, tuple(step(p, 0)))]
+        return [k.For(p, k.Const(0), s.k, 1, (*_prefetches(s, p, 1), *step(p, 0)))]
     main = k.Var(f"kmain{tag}")
-    unrolled = [st for u in range(s.unroll) for st in step(p + u, u)]
+    unrolled = [*_prefetches(s, p, s.unroll),
+                *(st for u in range(s.unroll) for st in step(p + u, u))]
     return [k.Decl(main, s.k - k.Bin("%", s.k, k.Const(s.unroll))),
             k.For(p, k.Const(0), main, s.unroll, tuple(unrolled)),
             k.For(p, main, s.k, 1, tuple(step(p, 0)))]
+
+
+#: Bytes per cache line assumed when spreading prefetches over a panel.
+CACHE_LINE = 64
+
+
+def _prefetches(s: k.TileMMA, p: k.Expr, steps: int) -> list[k.Stmt]:
+    """One prefetch per cache line of the ``steps`` k steps ``distance`` ahead of ``p``;
+    the panels are packed, so each k step is ``width`` contiguous elements."""
+    out: list[k.Stmt] = []
+    size = itemsize(s.tile.dtype)
+    for role, distance in s.prefetch:
+        panel, width = (s.a, s.tile.rows) if role == "a" else (s.b, s.tile.cols)
+        lines = -(-steps * width * size // CACHE_LINE)
+        start = panel.offset + (p + distance) * width
+        out += [k.Prefetch(panel.buf, start + line * (CACHE_LINE // size))
+                for line in range(lines)]
+    return out
 
 
 def _store(s: k.TileStore, isa: Isa) -> list[k.Stmt]:

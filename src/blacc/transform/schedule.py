@@ -74,10 +74,24 @@ class Vectorize:
             raise ScheduleError(f"Vectorize lanes must be a positive integer, got {self.lanes!r}")
 
 
-Transform = Tile | Pack | UnrollJam | Vectorize
+@dataclass(frozen=True)
+class Prefetch:
+    """Prefetch a packed operand's panel ``distance`` reduction steps ahead inside the
+    register tile's k loop, so slivers arriving from L2/L3 do not stall the FMAs."""
+
+    operand: str
+    distance: int
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.distance, int) or self.distance < 1:
+            raise ScheduleError(f"Prefetch distance must be a positive integer, got "
+                                f"{self.distance!r}")
+
+
+Transform = Tile | Pack | UnrollJam | Vectorize | Prefetch
 Schedule = tuple[Transform, ...]
 
-_KINDS = {cls.__name__: cls for cls in (Tile, Pack, UnrollJam, Vectorize)}
+_KINDS = {cls.__name__: cls for cls in (Tile, Pack, UnrollJam, Vectorize, Prefetch)}
 
 
 def to_json(schedule: Schedule) -> str:
