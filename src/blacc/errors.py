@@ -31,3 +31,12 @@ class CompilerError(BlaccError, RuntimeError):
 
 class CompilerNotFoundError(CompilerError):
     """No working C compiler: neither $CC nor cc, gcc or clang on PATH."""
+
+
+class ParseError(BlaccError, ValueError):
+    """Source text of the expression language does not parse; the message shows where."""
+
+
+class TypeCheckError(BlaccError, ValueError):
+    """A program parses but is ill-typed: shapes disagree, an undeclared name, an output
+    that cannot be computed in place, ...; the message names the statement and column."""
