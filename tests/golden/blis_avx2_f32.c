@@ -5,15 +5,17 @@
 #include <immintrin.h>
 #if defined(__GNUC__)
 #define BLACC_PREFETCH(p, w) __builtin_prefetch((p), (w), 3)
+#define BLACC_NOINLINE __attribute__((noinline))
 #else
 #define BLACC_PREFETCH(p, w) ((void)0)
+#define BLACC_NOINLINE
 #endif
 
-static void pack_f32_w16(float *restrict dst, const float *restrict src, int64_t rs, int64_t cs, int64_t rows, int64_t cols);
-static void pack_f32_w6(float *restrict dst, const float *restrict src, int64_t rs, int64_t cs, int64_t rows, int64_t cols);
-static void kernel_micro(int64_t kc, const float *restrict a, const float *restrict b, float *restrict c, int64_t c_rs, int64_t rows, int64_t cols, float alpha, float beta);
+BLACC_NOINLINE static void pack_f32_w16(float *restrict dst, const float *restrict src, int64_t rs, int64_t cs, int64_t rows, int64_t cols);
+BLACC_NOINLINE static void pack_f32_w6(float *restrict dst, const float *restrict src, int64_t rs, int64_t cs, int64_t rows, int64_t cols);
+BLACC_NOINLINE static void kernel_micro(int64_t kc, const float *restrict a, const float *restrict b, float *restrict c, int64_t c_rs, int64_t rows, int64_t cols, float alpha, float beta);
 
-static void pack_f32_w16(float *restrict dst, const float *restrict src, int64_t rs, int64_t cs, int64_t rows, int64_t cols) {
+BLACC_NOINLINE static void pack_f32_w16(float *restrict dst, const float *restrict src, int64_t rs, int64_t cs, int64_t rows, int64_t cols) {
     if ((rs == 1)) {
         for (int64_t s = 0; s < rows; s += 16) {
             int64_t h = (16 < (rows - s) ? 16 : (rows - s));
@@ -340,7 +342,7 @@ static void pack_f32_w16(float *restrict dst, const float *restrict src, int64_t
     }
 }
 
-static void pack_f32_w6(float *restrict dst, const float *restrict src, int64_t rs, int64_t cs, int64_t rows, int64_t cols) {
+BLACC_NOINLINE static void pack_f32_w6(float *restrict dst, const float *restrict src, int64_t rs, int64_t cs, int64_t rows, int64_t cols) {
     if ((rs == 1)) {
         for (int64_t s = 0; s < rows; s += 6) {
             int64_t h = (6 < (rows - s) ? 6 : (rows - s));
@@ -487,7 +489,7 @@ static void pack_f32_w6(float *restrict dst, const float *restrict src, int64_t 
     }
 }
 
-static void kernel_micro(int64_t kc, const float *restrict a, const float *restrict b, float *restrict c, int64_t c_rs, int64_t rows, int64_t cols, float alpha, float beta) {
+BLACC_NOINLINE static void kernel_micro(int64_t kc, const float *restrict a, const float *restrict b, float *restrict c, int64_t c_rs, int64_t rows, int64_t cols, float alpha, float beta) {
     __m256 acc_0_0 = _mm256_set1_ps(0.0f);
     __m256 acc_0_1 = _mm256_set1_ps(0.0f);
     __m256 acc_1_0 = _mm256_set1_ps(0.0f);

@@ -4,14 +4,16 @@
 #include <stddef.h>
 #if defined(__GNUC__)
 #define BLACC_PREFETCH(p, w) __builtin_prefetch((p), (w), 3)
+#define BLACC_NOINLINE __attribute__((noinline))
 #else
 #define BLACC_PREFETCH(p, w) ((void)0)
+#define BLACC_NOINLINE
 #endif
 
-static void pack_f64_w4(double *restrict dst, const double *restrict src, int64_t rs, int64_t cs, int64_t rows, int64_t cols);
-static void kernel_micro(int64_t kc, const double *restrict a, const double *restrict b, double *restrict c, int64_t c_rs, int64_t rows, int64_t cols, double alpha, double beta);
+BLACC_NOINLINE static void pack_f64_w4(double *restrict dst, const double *restrict src, int64_t rs, int64_t cs, int64_t rows, int64_t cols);
+BLACC_NOINLINE static void kernel_micro(int64_t kc, const double *restrict a, const double *restrict b, double *restrict c, int64_t c_rs, int64_t rows, int64_t cols, double alpha, double beta);
 
-static void pack_f64_w4(double *restrict dst, const double *restrict src, int64_t rs, int64_t cs, int64_t rows, int64_t cols) {
+BLACC_NOINLINE static void pack_f64_w4(double *restrict dst, const double *restrict src, int64_t rs, int64_t cs, int64_t rows, int64_t cols) {
     if ((rs == 1)) {
         for (int64_t s = 0; s < rows; s += 4) {
             int64_t h = (4 < (rows - s) ? 4 : (rows - s));
@@ -122,7 +124,7 @@ static void pack_f64_w4(double *restrict dst, const double *restrict src, int64_
     }
 }
 
-static void kernel_micro(int64_t kc, const double *restrict a, const double *restrict b, double *restrict c, int64_t c_rs, int64_t rows, int64_t cols, double alpha, double beta) {
+BLACC_NOINLINE static void kernel_micro(int64_t kc, const double *restrict a, const double *restrict b, double *restrict c, int64_t c_rs, int64_t rows, int64_t cols, double alpha, double beta) {
     double acc_0_0 = 0.0;
     double acc_0_1 = 0.0;
     double acc_0_2 = 0.0;

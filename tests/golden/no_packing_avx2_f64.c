@@ -5,13 +5,15 @@
 #include <immintrin.h>
 #if defined(__GNUC__)
 #define BLACC_PREFETCH(p, w) __builtin_prefetch((p), (w), 3)
+#define BLACC_NOINLINE __attribute__((noinline))
 #else
 #define BLACC_PREFETCH(p, w) ((void)0)
+#define BLACC_NOINLINE
 #endif
 
-static void kernel_micro(int64_t kc, const double *restrict a, int64_t a_rs, int64_t a_cs, const double *restrict b, int64_t b_rs, double *restrict c, int64_t c_rs, int64_t rows, int64_t cols, double alpha, double beta);
+BLACC_NOINLINE static void kernel_micro(int64_t kc, const double *restrict a, int64_t a_rs, int64_t a_cs, const double *restrict b, int64_t b_rs, double *restrict c, int64_t c_rs, int64_t rows, int64_t cols, double alpha, double beta);
 
-static void kernel_micro(int64_t kc, const double *restrict a, int64_t a_rs, int64_t a_cs, const double *restrict b, int64_t b_rs, double *restrict c, int64_t c_rs, int64_t rows, int64_t cols, double alpha, double beta) {
+BLACC_NOINLINE static void kernel_micro(int64_t kc, const double *restrict a, int64_t a_rs, int64_t a_cs, const double *restrict b, int64_t b_rs, double *restrict c, int64_t c_rs, int64_t rows, int64_t cols, double alpha, double beta) {
     __m256d acc_0_0 = _mm256_set1_pd(0.0);
     __m256d acc_0_1 = _mm256_set1_pd(0.0);
     __m256d acc_1_0 = _mm256_set1_pd(0.0);

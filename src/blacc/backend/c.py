@@ -25,8 +25,8 @@ class _Renderer:
     def type(self, dtype: str, lanes: int) -> str:
         if lanes == 1:
             return _SCALAR[dtype]
-        vec = self.isa.vectors.get(dtype)
-        if vec is None or vec.lanes != lanes:
+        vec = self.isa.vector_type(dtype, lanes)
+        if vec is None:
             raise ScheduleError(f"target {self.isa.name} has no {lanes}-lane {dtype} vector")
         return vec.c_name
 
@@ -41,8 +41,8 @@ class _Renderer:
         idx = self.expr(index)
         return buf if idx == "0" else f"&{buf}[{idx}]"
 
-    def mask(self, dtype: str, count: k.Expr) -> str:
-        return self.isa.op("mask", dtype).format(count=self.expr(count))
+    def mask(self, dtype: str, count: k.Expr, lanes: int) -> str:
+        return self.isa.op("mask", dtype, lanes).format(count=self.expr(count))
 
     def expr(self, e: k.Expr) -> str:  # noqa: C901 - one case per node
         if isinstance(e, k.Const):
@@ -52,7 +52,7 @@ class _Renderer:
         if isinstance(e, k.Bin):
             a, b = self.expr(e.a), self.expr(e.b)
             if e.lanes > 1:
-                return self.isa.op(e.op, e.dtype).format(a=a, b=b)
+                return self.isa.op(e.op, e.dtype, e.lanes).format(a=a, b=b)
             if e.op == "min":
                 return f"({a} < {b} ? {a} : {b})"
             if e.op == "max":
@@ -64,23 +64,26 @@ class _Renderer:
                 return f"{e.buf}[{self.expr(e.index)}]"
             addr = self.addr(e.buf, e.index)
             if e.count is None:
-                return self.isa.op("load", e.dtype).format(addr=addr)
-            return self.isa.op("mask_load", e.dtype).format(addr=addr,
-                                                           mask=self.mask(e.dtype, e.count))
+                return self.isa.op("load", e.dtype, e.lanes).format(addr=addr)
+            mask = self.mask(e.dtype, e.count, e.lanes)
+            return self.isa.op("mask_load", e.dtype, e.lanes).format(addr=addr, mask=mask)
         if isinstance(e, k.Broadcast):
             v = e.value
             if isinstance(v, k.Load) and v.lanes == 1 and v.count is None:
-                return self.isa.op("broadcast_load", e.dtype).format(addr=self.addr(v.buf, v.index))
-            return self.isa.op("splat", e.dtype).format(x=self.expr(v))
+                addr = self.addr(v.buf, v.index)
+                return self.isa.op("broadcast_load", e.dtype, e.lanes).format(addr=addr)
+            return self.isa.op("splat", e.dtype, e.lanes).format(x=self.expr(v))
         if isinstance(e, k.Fma):
             a, b, c = self.expr(e.a), self.expr(e.b), self.expr(e.c)
             if e.lanes > 1:
-                return self.isa.op("fma", e.dtype).format(a=a, b=b, c=c)
+                return self.isa.op("fma", e.dtype, e.lanes).format(a=a, b=b, c=c)
             return f"({a} * {b} + {c})"
         if isinstance(e, k.Select):
             return f"({self.expr(e.cond)} ? {self.expr(e.a)} : {self.expr(e.b)})"
         if isinstance(e, k.Ref):
             return self.addr(e.buf, e.index)
+        if isinstance(e, k.Reduce):
+            return self.isa.op("hsum", e.dtype, e.x.lanes).format(x=self.expr(e.x))
         raise TypeError(f"the C backend cannot print {type(e).__name__}")
 
     # ------------------------------------------------------------------ statements
@@ -103,9 +106,10 @@ class _Renderer:
             addr, x = self.addr(s.buf, s.index), self.expr(s.value)
             dt = s.value.dtype
             if s.count is None:
-                return [f"{pad}{self.isa.op('store', dt).format(addr=addr, x=x)};"]
-            mask = self.mask(dt, s.count)
-            return [f"{pad}{self.isa.op('mask_store', dt).format(addr=addr, mask=mask, x=x)};"]
+                return [f"{pad}{self.isa.op('store', dt, lanes).format(addr=addr, x=x)};"]
+            mask = self.mask(dt, s.count, lanes)
+            store = self.isa.op("mask_store", dt, lanes).format(addr=addr, mask=mask, x=x)
+            return [f"{pad}{store};"]
         if isinstance(s, k.For):
             v = s.var.name
             head = (f"{pad}for (int64_t {v} = {self.expr(s.start)}; {v} < {self.expr(s.stop)}; "
@@ -116,6 +120,8 @@ class _Renderer:
             if s.orelse:
                 lines += [f"{pad}}} else {{", *self.stmts(s.orelse, indent + 1)]
             return [*lines, f"{pad}}}"]
+        if isinstance(s, k.Local):
+            return [f"{pad}{_SCALAR[s.dtype]} {s.buf}[{s.size}] = {{0}};"]
         if isinstance(s, k.Alloc):
             # aligned_alloc needs a size that is a multiple of the alignment.
             t, a = _SCALAR[s.dtype], s.align
@@ -178,4 +184,10 @@ def render(module: k.Module, isa: Isa) -> str:
              "#endif"]
     protos = [r.signature(f) + ";" for f in module.functions if not f.exported]
     bodies = [r.function(f) for f in module.functions]
+    text = "\n".join(bodies)
+    # Helpers in dependency order (the table lists callees first); one may call another.
+    used = [name for name in isa.prelude if name in text]
+    used += [name for name in isa.prelude
+             if name not in used and any(name in isa.prelude[u] for u in used)]
+    head += [isa.prelude[name] for name in isa.prelude if name in used]
     return "\n".join(head) + "\n\n" + "\n".join(protos) + "\n\n" + "\n\n".join(bodies) + "\n"

@@ -68,13 +68,35 @@ def evaluate(e: k.Expr, env: _Env) -> Any:
         return (a * b + c).astype(numpy_dtype(e.dtype)) if e.lanes > 1 else c.dtype.type(a * b + c)
     if isinstance(e, k.Select):
         return evaluate(e.a, env) if evaluate(e.cond, env) else evaluate(e.b, env)
+    if isinstance(e, k.Reduce):
+        x = evaluate(e.x, env)
+        return x.dtype.type(np.sum(x, dtype=x.dtype))
     if isinstance(e, k.Ref):
         buf = v[e.buf]
         i = int(evaluate(e.index, env))
         if not 0 <= i <= buf.shape[0]:
             raise IndexError(f"pointer {e.buf}+{i} outside a buffer of {buf.shape[0]} elements")
         return buf[i:]
+    if isinstance(e, k.MatrixLoad):
+        buf = v[e.buf]
+        return buf[_matrix_indices(buf, e.index, e.stride, e.rows, e.cols, env)].copy()
+    if isinstance(e, k.MatrixMultiply):
+        a = evaluate(e.a, env).reshape(e.inner, e.rows).T  # column-major -> (rows, inner)
+        b = evaluate(e.b, env).reshape(e.cols, e.inner).T
+        return (a @ b).T.reshape(-1).astype(numpy_dtype(e.dtype))
     raise TypeError(f"cannot evaluate {type(e).__name__}")
+
+
+def _matrix_indices(buf: np.ndarray, index: k.Expr, stride: k.Expr, rows: int, cols: int,
+                    env: _Env) -> np.ndarray:
+    """The buffer positions of a column-major ``rows x cols`` matrix, lane order,
+    bounds-checked; columns may not overlap (``stride >= rows``, as LLVM requires)."""
+    i, s = int(evaluate(index, env)), int(evaluate(stride, env))
+    if s < rows:
+        raise ValueError(f"matrix access with stride {s} < {rows} rows: columns overlap")
+    for c in range(cols):
+        _index(buf, i + c * s, rows)
+    return (i + np.arange(cols)[:, None] * s + np.arange(rows)[None, :]).reshape(-1)
 
 
 def _tile_element_reads(s: k.TileMMA, env: _Env) -> tuple[np.ndarray, np.ndarray]:
@@ -119,6 +141,8 @@ def _execute(s: k.Stmt, env: _Env) -> None:
             execute(s.body, env)
     elif isinstance(s, k.If):
         execute(s.then if evaluate(s.cond, env) else s.orelse, env)
+    elif isinstance(s, k.Local):
+        v[s.buf] = np.zeros(s.size, dtype=numpy_dtype(s.dtype))
     elif isinstance(s, k.Alloc):
         # NaN-filled so that reading scratch before writing it shows up in results.
         v[s.buf] = np.full(int(evaluate(s.size, env)), np.nan, dtype=numpy_dtype(s.dtype))
@@ -135,6 +159,9 @@ def _execute(s: k.Stmt, env: _Env) -> None:
         v[s.tile.name] = (v[s.tile.name] + a @ b).astype(numpy_dtype(s.tile.dtype))
     elif isinstance(s, k.TileStore):
         _tile_store(s, env)
+    elif isinstance(s, k.MatrixStore):
+        buf = v[s.buf]
+        buf[_matrix_indices(buf, s.index, s.stride, s.rows, s.cols, env)] = evaluate(s.value, env)
     else:
         raise TypeError(f"cannot execute {type(s).__name__}")
 

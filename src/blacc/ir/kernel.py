@@ -190,6 +190,18 @@ def maximum(a: Expr | int, b: Expr | int) -> Expr:
     return Bin("max", wrap(a), wrap(b))
 
 
+@dataclass(frozen=True, eq=True)
+class Reduce(Expr):
+    """The sum of a vector's lanes, a scalar (a horizontal add)."""
+
+    x: Expr
+    lanes: int = 1
+
+    @property
+    def dtype(self) -> str:  # type: ignore[override]
+        return self.x.dtype
+
+
 # ----------------------------------------------------------------------------- statements
 
 
@@ -253,6 +265,15 @@ class Alloc(Stmt):
     dtype: str
     size: Expr
     align: int = 64
+
+
+@dataclass(frozen=True)
+class Local(Stmt):
+    """A small fixed-size array of the function (on the stack), zero-initialised."""
+
+    buf: str
+    dtype: str
+    size: int
 
 
 @dataclass(frozen=True)
@@ -394,3 +415,91 @@ class Module:
     def replace_function(self, func: Function) -> Module:
         funcs = tuple(func if f.name == func.name else f for f in self.functions)
         return Module(funcs, self.entry, self.attributes)
+
+
+# ----------------------------------------------------------------------------- matrix values
+#
+# Small matrices held in one flat vector, column-major as in LLVM's matrix intrinsics: a
+# ``rows x cols`` matrix is a vector of ``rows * cols`` lanes and lane ``c * rows + r`` holds
+# element (r, c). ``transform.lower_matrix`` makes them from register tiles; the LLVM backend
+# prints them as ``llvm.matrix.*`` calls and ``transform.lower_matrix.expand_matrix`` turns
+# them into plain loads, FMAs and stores for backends without the intrinsics (C).
+
+
+def _check_shape(node: str, **dims: int) -> None:
+    for what, n in dims.items():
+        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+            raise ValueError(f"{node}: {what} must be a positive integer, got {n!r}")
+
+
+@dataclass(frozen=True, eq=True)
+class MatrixLoad(Expr):
+    """``buf[index + c*stride + r]`` for r < rows, c < cols, as one column-major vector
+    (``llvm.matrix.column.major.load``). ``stride`` must be >= ``rows``: columns may not
+    overlap, as LLVM requires.
+
+        MatrixLoad("b", p*b_rs, b_rs, 16, 4, "f32")  ->  <64 x float>, column c = row p+c of b
+    """
+
+    buf: str
+    index: Expr
+    stride: Expr
+    rows: int
+    cols: int
+    dtype: str
+
+    def __post_init__(self) -> None:
+        _check_shape("MatrixLoad", rows=self.rows, cols=self.cols)
+
+    @property
+    def lanes(self) -> int:  # type: ignore[override]
+        return self.rows * self.cols
+
+
+@dataclass(frozen=True, eq=True)
+class MatrixMultiply(Expr):
+    """(rows x inner) @ (inner x cols) of two column-major matrix values, a column-major
+    ``rows x cols`` value (``llvm.matrix.multiply``). Each element is the sum over the inner
+    dimension, in order; multiply-adds may be fused."""
+
+    a: Expr
+    b: Expr
+    rows: int
+    inner: int
+    cols: int
+
+    def __post_init__(self) -> None:
+        _check_shape("MatrixMultiply", rows=self.rows, inner=self.inner, cols=self.cols)
+        if self.a.lanes != self.rows * self.inner or self.b.lanes != self.inner * self.cols:
+            raise ValueError(f"MatrixMultiply {self.rows}x{self.inner}x{self.cols}: operands "
+                             f"have {self.a.lanes} and {self.b.lanes} lanes, need "
+                             f"{self.rows * self.inner} and {self.inner * self.cols}")
+        if self.a.dtype != self.b.dtype:
+            raise ValueError(f"MatrixMultiply of {self.a.dtype} and {self.b.dtype}")
+
+    @property
+    def dtype(self) -> str:  # type: ignore[override]
+        return self.a.dtype
+
+    @property
+    def lanes(self) -> int:  # type: ignore[override]
+        return self.rows * self.cols
+
+
+@dataclass(frozen=True)
+class MatrixStore(Stmt):
+    """Write the column-major ``rows x cols`` matrix ``value`` to ``buf[index + c*stride + r]``
+    (``llvm.matrix.column.major.store``); ``stride`` >= ``rows``."""
+
+    buf: str
+    index: Expr
+    stride: Expr
+    value: Expr
+    rows: int
+    cols: int
+
+    def __post_init__(self) -> None:
+        _check_shape("MatrixStore", rows=self.rows, cols=self.cols)
+        if self.value.lanes != self.rows * self.cols:
+            raise ValueError(f"MatrixStore {self.rows}x{self.cols}: the value has "
+                             f"{self.value.lanes} lanes")

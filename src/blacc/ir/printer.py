@@ -29,6 +29,8 @@ def expr(e: k.Expr) -> str:
         return f"({expr(e.a)} if {expr(e.cond)} else {expr(e.b)})"
     if isinstance(e, k.Ref):
         return f"&{e.buf}[{expr(e.index)}]"
+    if isinstance(e, k.Reduce):
+        return f"hsum({expr(e.x)})"
     raise TypeError(f"cannot print {type(e).__name__}")
 
 
@@ -61,6 +63,8 @@ def stmt(s: k.Stmt, indent: int = 0) -> list[str]:
         return lines
     if isinstance(s, k.Alloc):
         return [f"{pad}{s.buf} = alloc({s.dtype}, {expr(s.size)}, align={s.align})"]
+    if isinstance(s, k.Local):
+        return [f"{pad}{s.buf} = zeros({s.dtype}, {s.size})"]
     if isinstance(s, k.Free):
         return [f"{pad}free({s.buf})"]
     if isinstance(s, k.Call):
@@ -76,6 +80,9 @@ def stmt(s: k.Stmt, indent: int = 0) -> list[str]:
         return [f"{pad}tile_mma({s.tile.name}[{s.tile.rows}x{s.tile.cols}] += {_operand(s.a)} x "
                 f"{_operand(s.b)}, k={expr(s.k)}, rows={expr(s.rows)}, cols={expr(s.cols)}, "
                 f"padded={s.padded}, unroll={s.unroll})"]
+    if isinstance(s, k.MatrixStore):
+        return [f"{pad}mstore{s.rows}x{s.cols}({s.buf}[{expr(s.index)}], stride={expr(s.stride)} "
+                f"<- {expr(s.value)})"]
     if isinstance(s, k.TileStore):
         return [f"{pad}tile_store({_operand(s.c)} <- {expr(s.alpha)}*{s.tile.name} + "
                 f"{expr(s.beta)}*C, rows={expr(s.rows)}, cols={expr(s.cols)})"]

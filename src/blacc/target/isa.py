@@ -28,17 +28,35 @@ class Isa:
     header: str | None
     vectors: dict[str, VectorType] = field(default_factory=dict, hash=False)
     ops: dict[tuple[str, str], str] = field(default_factory=dict, hash=False)
+    #: Narrower vectors (e.g. 128-bit on AVX2) for leftovers; their ops are keyed by
+    #: ``"f32x4"``-style names.
+    narrow: dict[str, VectorType] = field(default_factory=dict, hash=False)
+    #: C helper functions the templates call (e.g. horizontal sums), by name; a
+    #: translation unit includes those it uses.
+    prelude: dict[str, str] = field(default_factory=dict, hash=False)
 
     def lanes(self, dtype: str) -> int:
-        """Lanes of one vector register for ``dtype`` (1 when the ISA has no vectors)."""
+        """Lanes of one full vector register for ``dtype`` (1 when the ISA has no vectors)."""
         v = self.vectors.get(dtype)
         return v.lanes if v else 1
 
-    def op(self, name: str, dtype: str) -> str:
+    def widths(self, dtype: str) -> tuple[int, ...]:
+        """Every vector width the ISA has for ``dtype``, widest first (1 = scalars)."""
+        out = [v.lanes for v in (self.vectors.get(dtype), self.narrow.get(dtype)) if v]
+        return (*out, 1)
+
+    def vector_type(self, dtype: str, lanes: int) -> VectorType | None:
+        for v in (self.vectors.get(dtype), self.narrow.get(dtype)):
+            if v is not None and v.lanes == lanes:
+                return v
+        return None
+
+    def op(self, name: str, dtype: str, lanes: int | None = None) -> str:
+        key = dtype if lanes is None or lanes == self.lanes(dtype) else f"{dtype}x{lanes}"
         try:
-            return self.ops[(name, dtype)]
+            return self.ops[(name, key)]
         except KeyError:
-            raise KeyError(f"ISA {self.name} has no {name} for {dtype}") from None
+            raise KeyError(f"ISA {self.name} has no {name} for {key}") from None
 
 
 def _avx2_ops() -> dict[tuple[str, str], str]:
@@ -62,7 +80,47 @@ def _avx2_ops() -> dict[tuple[str, str], str]:
                             "_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7))")
     ops[("mask", "f64")] = ("_mm256_cmpgt_epi64(_mm256_set1_epi64x({count}), "
                             "_mm256_setr_epi64x(0, 1, 2, 3))")
+    ops[("hsum", "f32")] = "blacc_hsum8_ps({x})"
+    ops[("hsum", "f64")] = "blacc_hsum4_pd({x})"
+    # 128-bit vectors for leftovers of 4 (f32) or 2 (f64) elements.
+    for dt, s in (("f32x4", "ps"), ("f64x2", "pd")):
+        ops.update({
+            ("load", dt): f"_mm_loadu_{s}({{addr}})",
+            ("store", dt): f"_mm_storeu_{s}({{addr}}, {{x}})",
+            ("mask_load", dt): f"_mm_maskload_{s}({{addr}}, {{mask}})",
+            ("mask_store", dt): f"_mm_maskstore_{s}({{addr}}, {{mask}}, {{x}})",
+            ("broadcast_load", dt): (f"_mm_broadcast_ss({{addr}})" if s == "ps"
+                                     else "_mm_loaddup_pd({addr})"),
+            ("splat", dt): f"_mm_set1_{s}({{x}})",
+            ("fma", dt): f"_mm_fmadd_{s}({{a}}, {{b}}, {{c}})",
+            ("+", dt): f"_mm_add_{s}({{a}}, {{b}})",
+            ("-", dt): f"_mm_sub_{s}({{a}}, {{b}})",
+            ("*", dt): f"_mm_mul_{s}({{a}}, {{b}})",
+        })
+    ops[("mask", "f32x4")] = ("_mm_cmpgt_epi32(_mm_set1_epi32((int)({count})), "
+                              "_mm_setr_epi32(0, 1, 2, 3))")
+    ops[("mask", "f64x2")] = ("_mm_cmpgt_epi64(_mm_set1_epi64x({count}), "
+                              "_mm_set_epi64x(1, 0))")
+    ops[("hsum", "f32x4")] = "blacc_hsum4_ps({x})"
+    ops[("hsum", "f64x2")] = "blacc_hsum2_pd({x})"
     return ops
+
+
+_AVX2_PRELUDE = {
+    "blacc_hsum4_ps": """static inline float blacc_hsum4_ps(__m128 v) {
+    __m128 s = _mm_add_ps(v, _mm_movehl_ps(v, v));
+    return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}""",
+    "blacc_hsum8_ps": """static inline float blacc_hsum8_ps(__m256 v) {
+    return blacc_hsum4_ps(_mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1)));
+}""",
+    "blacc_hsum2_pd": """static inline double blacc_hsum2_pd(__m128d v) {
+    return _mm_cvtsd_f64(_mm_add_sd(v, _mm_unpackhi_pd(v, v)));
+}""",
+    "blacc_hsum4_pd": """static inline double blacc_hsum4_pd(__m256d v) {
+    return blacc_hsum2_pd(_mm_add_pd(_mm256_castpd256_pd128(v), _mm256_extractf128_pd(v, 1)));
+}""",
+}
 
 
 AVX2 = Isa(
@@ -72,6 +130,8 @@ AVX2 = Isa(
     header="immintrin.h",
     vectors={"f32": VectorType("__m256", 8), "f64": VectorType("__m256d", 4)},
     ops=_avx2_ops(),
+    narrow={"f32": VectorType("__m128", 4), "f64": VectorType("__m128d", 2)},
+    prelude=_AVX2_PRELUDE,
 )
 
 #: Plain C with no intrinsics: any CPU, any C compiler. Tiles use scalar

@@ -1,0 +1,460 @@
+"""The seed's Figures 4-9 on this machine: SGEMM strategies against naive loops and NumPy.
+
+Strategies (seed 000, Section 4): *Intrinsic* (the whole GEMM as one matrix-multiply
+intrinsic; LLVM's idea, on the C backend its generic lowering), *Tiling* (blacc's
+``no_packing``: register tiles straight over the operands), *Tiling+Packing* (``blis``)
+and NumPy's BLAS, each as a speedup over *naive loops*: the plain i/j/k triple loop
+(``Tile((("i", 1), ("j", 1)))`` and nothing else) for the generic ISA, i.e. straightforward
+loops compiled at -O3 like the seed's baseline.
+
+Kernels are called straight through their ctypes function with pre-converted arguments,
+so the Python overhead per call is one ctypes call (measured and reported), not
+``blacc.gemm``'s argument checks. Every candidate's result is checked against a float64
+reference before it is timed. Fast candidates are timed together (same process, one
+thread, interleaved, medians; see `blacc.bench.timing`); a candidate whose single call
+takes longer than ``Timing.slow_call_s`` (naive loops at large sizes) is timed apart with
+a few calls, or just its verified call.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import json
+import math
+import platform
+import statistics
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from blacc.bench.timing import measure_interleaved, single_thread
+from blacc.strategy.gemm import Plan, blis, no_packing, register_tile
+from blacc.target.blocking import blis_blocking
+from blacc.target.isa import GENERIC, Isa
+from blacc.transform.schedule import Tile
+
+__all__ = [
+    "DEFAULT_GROUPS", "FULL_GROUPS", "QUICK_GROUPS", "Candidate", "Result", "Timing",
+    "format_tables", "intrinsic_status", "naive_plan", "plot_gflops", "plot_speedups",
+    "reference_checker", "results_to_json", "run_strategies", "text_table",
+]
+
+Groups = Mapping[str, Sequence[int]]
+
+#: The seed's size groups (Figures 4-6 and 7-9): M = N = K.
+DEFAULT_GROUPS: dict[str, tuple[int, ...]] = {
+    "small": (16, 32, 64, 128), "medium": (256, 384, 512), "large": (1024, 2048)}
+#: With 4096, where naive loops take minutes per call.
+FULL_GROUPS: dict[str, tuple[int, ...]] = {**DEFAULT_GROUPS, "large": (1024, 2048, 4096)}
+QUICK_GROUPS: dict[str, tuple[int, ...]] = {"small": (16, 32, 64), "medium": (256,),
+                                            "large": (1024,)}
+
+#: Strategy labels, in plot order.
+NAIVE, INTRINSIC, TILING_INTRINSIC = "Naive", "Intrinsic", "Tiling+Intrinsic"
+TILING, PACKING, NUMPY = "Tiling", "Tiling+Packing", "NumPy"
+STRATEGY_ORDER = (NAIVE, INTRINSIC, TILING_INTRINSIC, TILING, PACKING, NUMPY)
+
+#: The seed's micro-tile of the intrinsic (mr, nr, kr) on x86 (Section 4.1).
+INTRINSIC_TILE = (16, 4, 64)
+
+DTYPE = "f32"
+_NP_DTYPE = np.float32
+
+
+@dataclass(frozen=True)
+class Timing:
+    """How long to measure. Calls slower than ``slow_call_s`` are timed apart: up to
+    ``slow_samples`` calls (the verified one first) within ``slow_budget_s``."""
+
+    min_sample_s: float = 0.05
+    samples: int = 7
+    warmup: int = 1
+    slow_call_s: float = 1.0
+    slow_samples: int = 3
+    slow_budget_s: float = 60.0
+
+
+FULL_TIMING = Timing()
+QUICK_TIMING = Timing(samples=3, slow_samples=1)
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One thing to time: a strategy compiled by one backend (or NumPy)."""
+
+    key: str  # e.g. "tiling[llvm]"
+    strategy: str
+    backend: str  # "c", "llvm" or "numpy"
+    plan: Plan | None
+    isa: Isa | None
+
+
+@dataclass(frozen=True)
+class Result:
+    """One candidate at one size. ``seconds`` is per call (NaN when not timed)."""
+
+    group: str
+    size: int
+    key: str
+    strategy: str
+    backend: str
+    seconds: float
+    gflops: float
+    speedup: float  # baseline seconds / seconds
+    verified: bool
+    calls_timed: int  # samples (interleaved) or calls (timed apart)
+    interleaved: bool
+    error: str = ""
+
+
+# ----------------------------------------------------------------------------- plans
+
+
+def naive_plan() -> Plan:
+    """The plain triple loop: one C element per (i, j), a k loop inside, nothing else."""
+    return Plan("naive", (), (Tile((("i", 1), ("j", 1))),), (("C_s1", 1),))
+
+
+def tiling_plan(isa: Isa) -> Plan:
+    """Seed's Tiling: register tiles over unpacked operands (blacc's ``no_packing``)."""
+    mr, nr, lanes = register_tile(DTYPE, isa)
+    ku = 4
+    strides = (("B_s1", 1), ("C_s1", 1)) if lanes > 1 else (("C_s1", 1),)
+    return Plan("no_packing", (("mr", mr), ("nr", nr), ("ku", ku)),
+                no_packing(mr, nr, ku, lanes), strides)
+
+
+def packing_plan(isa: Isa) -> Plan:
+    """Seed's Tiling+Packing: the BLIS layers with the machine model's blocking."""
+    from blacc.runtime.gemm import host_target
+
+    mr, nr, lanes = register_tile(DTYPE, isa)
+    blk = blis_blocking(host_target().machine, dtype_size=4, mr=mr, nr=nr)
+    params = (("mc", blk.mc), ("kc", blk.kc), ("nc", blk.nc), ("mr", mr), ("nr", nr), ("ku", 4))
+    return Plan("blis", params, blis(blk.mc, blk.kc, blk.nc, mr, nr, 4, lanes), (("C_s1", 1),))
+
+
+def _intrinsic_module() -> tuple[ModuleType | None, str]:
+    """blacc.strategy.intrinsic if it imports, else None and why not."""
+    try:
+        return importlib.import_module("blacc.strategy.intrinsic"), ""
+    except ModuleNotFoundError as exc:
+        if exc.name == "blacc.strategy.intrinsic":
+            return None, "blacc.strategy.intrinsic does not exist"
+        return None, f"blacc.strategy.intrinsic failed to import: {exc}"
+    except Exception as exc:  # a module under construction may fail in any way
+        return None, f"blacc.strategy.intrinsic failed to import: {exc!r}"
+
+
+def intrinsic_status() -> str:
+    """'' when the Intrinsic strategy is available, else a note saying why it is skipped."""
+    module, why = _intrinsic_module()
+    if module is None:
+        return f"Intrinsic skipped: {why}"
+    return ""
+
+
+def intrinsic_plans(size: int) -> dict[str, Plan]:
+    """{label: plan} for the intrinsic strategies the module offers at M = N = K = size."""
+    module, _ = _intrinsic_module()
+    if module is None:
+        return {}
+    mr, nr, kr = INTRINSIC_TILE
+    plans: dict[str, Plan] = {}
+    for label, name in ((INTRINSIC, "intrinsic"), (TILING_INTRINSIC, "tiling_intrinsic")):
+        make = getattr(module, name, None)
+        if make is not None:
+            plans[label] = make(size, size, size, mr, nr, kr)
+    return plans
+
+
+def candidates(size: int, backends: Sequence[str], isa: Isa) -> list[Candidate]:
+    """Everything timed at one size: each strategy on each backend, then NumPy."""
+    plans: list[tuple[str, Plan, Isa]] = [(NAIVE, naive_plan(), GENERIC)]
+    plans += [(label, plan, isa) for label, plan in intrinsic_plans(size).items()]
+    plans += [(TILING, tiling_plan(isa), isa), (PACKING, packing_plan(isa), isa)]
+    out = [Candidate(f"{label.lower()}[{backend}]", label, backend, plan, plan_isa)
+           for label, plan, plan_isa in plans for backend in backends]
+    return [*out, Candidate("numpy", NUMPY, "numpy", None, None)]
+
+
+# ----------------------------------------------------------------------------- checks
+
+
+def reference_checker(a: npt.NDArray[np.floating],
+                      b: npt.NDArray[np.floating]) -> Callable[[np.ndarray], bool]:
+    """A check of results against ``a @ b``, with the float64 reference computed once.
+
+    Same bound as `blacc.bench.gemm.verify_gemm`: ``8 k eps(dtype) (|A| @ |B|)``.
+    """
+    a64, b64 = a.astype(np.float64), b.astype(np.float64)
+    with single_thread():
+        reference = a64 @ b64
+        bound = 8 * a.shape[1] * np.finfo(a.dtype).eps * (np.abs(a64) @ np.abs(b64))
+    bound += np.finfo(a.dtype).tiny
+
+    def check(result: np.ndarray) -> bool:
+        if result.shape != reference.shape or result.dtype != a.dtype:
+            return False
+        error = np.abs(result.astype(np.float64) - reference)
+        return bool(np.all(np.isfinite(result)) and np.all(error <= bound))
+
+    return check
+
+
+# ----------------------------------------------------------------------------- timing
+
+
+def kernel_call(fn: Any, a: np.ndarray, b: np.ndarray, c: np.ndarray) -> Callable[[], int]:
+    """C = A @ B through the kernel's ctypes function, arguments converted once."""
+    (m, k), n = a.shape, b.shape[1]
+    args = (m, n, k, 1.0, a.ctypes.data, k, 1, b.ctypes.data, n, 1, 0.0, c.ctypes.data, n, 1)
+    return functools.partial(fn, *(t(v) for t, v in zip(fn.argtypes, args, strict=True)))
+
+
+def call_overhead_s(fn: Any, timing: Timing) -> float:
+    """Seconds of one ctypes call of a kernel that does nothing (m = n = k = 0)."""
+    x = np.zeros((1, 1), _NP_DTYPE)
+    args = (0, 0, 0, 1.0, x.ctypes.data, 1, 1, x.ctypes.data, 1, 1, 0.0, x.ctypes.data, 1, 1)
+    call = functools.partial(fn, *(t(v) for t, v in zip(fn.argtypes, args, strict=True)))
+    stats = measure_interleaved({"empty": call}, min_sample_s=timing.min_sample_s,
+                                samples=timing.samples, warmup=timing.warmup)
+    return stats["empty"].median
+
+
+def _compile(cand: Candidate) -> Any:
+    from blacc.runtime.gemm import gemm_kernel
+
+    assert cand.plan is not None and cand.isa is not None
+    return gemm_kernel(DTYPE, cand.plan, cand.isa, cand.backend).native.function
+
+
+def _callable(cand: Candidate, a: np.ndarray, b: np.ndarray, c: np.ndarray) -> Callable[[], Any]:
+    if cand.backend == "numpy":
+        return lambda: np.matmul(a, b, out=c)
+    return kernel_call(_compile(cand), a, b, c)
+
+
+@dataclass
+class _Prepared:
+    cand: Candidate
+    fn: Callable[[], Any] | None
+    verified: bool
+    first_s: float
+    error: str = ""
+
+
+def _prepare(cand: Candidate, a: np.ndarray, b: np.ndarray, c: np.ndarray,
+             check: Callable[[np.ndarray], bool]) -> _Prepared:
+    """Compile, run once on a NaN-filled C (timed) and verify."""
+    try:
+        fn = _callable(cand, a, b, c)
+    except Exception as exc:  # a strategy that cannot build here is reported, not fatal
+        return _Prepared(cand, None, False, math.nan, f"{type(exc).__name__}: {exc}")
+    c.fill(np.nan)
+    start = time.perf_counter()
+    status = fn()
+    first = time.perf_counter() - start
+    if cand.backend != "numpy" and status != 0:
+        return _Prepared(cand, None, False, first, f"kernel returned status {status}")
+    return _Prepared(cand, fn, check(c), first)
+
+
+def _time_apart(p: _Prepared, timing: Timing) -> list[float]:
+    """A few calls of a slow candidate, the verified one first, within the budget."""
+    assert p.fn is not None
+    times = [p.first_s]
+    while len(times) < timing.slow_samples and sum(times) + times[-1] <= timing.slow_budget_s:
+        start = time.perf_counter()
+        p.fn()
+        times.append(time.perf_counter() - start)
+    return times
+
+
+def run_size(group: str, size: int, backends: Sequence[str], isa: Isa, timing: Timing,
+             baseline: str) -> list[Result]:
+    """Verify and time every candidate at M = N = K = ``size``."""
+    rng = np.random.default_rng(size)
+    a = rng.uniform(-1.0, 1.0, (size, size)).astype(_NP_DTYPE)
+    b = rng.uniform(-1.0, 1.0, (size, size)).astype(_NP_DTYPE)
+    c = np.empty((size, size), _NP_DTYPE)
+    check = reference_checker(a, b)
+    seconds: dict[str, float] = {}
+    calls: dict[str, int] = {}
+    with single_thread():
+        prepared = [_prepare(cand, a, b, c, check) for cand in candidates(size, backends, isa)]
+        ok = [p for p in prepared if p.fn is not None and p.verified]
+        for p in ok:
+            if p.first_s > timing.slow_call_s:
+                times = _time_apart(p, timing)
+                seconds[p.cand.key], calls[p.cand.key] = statistics.median(times), len(times)
+        fast = {p.cand.key: p.fn for p in ok if p.cand.key not in seconds and p.fn is not None}
+        stats = measure_interleaved(fast, min_sample_s=timing.min_sample_s,
+                                    samples=timing.samples, warmup=timing.warmup)
+    for key, st in stats.items():
+        seconds[key], calls[key] = st.median, len(st.samples)
+    base = seconds.get(baseline, math.nan)
+    flops = 2.0 * size**3
+    return [
+        Result(group, size, p.cand.key, p.cand.strategy, p.cand.backend,
+               seconds.get(p.cand.key, math.nan), flops / seconds.get(p.cand.key, math.nan) / 1e9,
+               base / seconds.get(p.cand.key, math.nan), p.verified, calls.get(p.cand.key, 0),
+               p.cand.key in stats, p.error or ("" if p.verified else "wrong result"))
+        for p in prepared
+    ]
+
+
+def run_strategies(groups: Groups, *, backends: Sequence[str] = ("c", "llvm"),
+                   timing: Timing = FULL_TIMING, baseline: str | None = None,
+                   progress: Callable[[str], None] | None = None) -> list[Result]:
+    """Every size of every group; ``baseline`` defaults to naive loops on the first backend."""
+    from blacc.runtime.gemm import host_target
+
+    baseline = baseline or f"{NAIVE.lower()}[{backends[0]}]"
+    isa = host_target().isa
+    results: list[Result] = []
+    for group, sizes in groups.items():
+        for size in sizes:
+            if progress is not None:
+                progress(f"{group} {size}x{size}x{size}")
+            results += run_size(group, size, backends, isa, timing, baseline)
+    return results
+
+
+def measure_overheads(backends: Sequence[str], timing: Timing) -> dict[str, float]:
+    """ctypes call overhead per backend, from an empty call of the naive kernel."""
+    cand = {b: Candidate("", NAIVE, b, naive_plan(), GENERIC) for b in backends}
+    return {b: call_overhead_s(_compile(c), timing) for b, c in cand.items()}
+
+
+# ----------------------------------------------------------------------------- output
+
+
+def text_table(headings: Sequence[str], body: Iterable[Sequence[str]], left: int = 1) -> str:
+    """Aligned columns: the first ``left`` align left, the rest right."""
+    rows = [tuple(headings), *(tuple(r) for r in body)]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(headings))]
+
+    def line(cells: Sequence[str]) -> str:
+        return "  ".join(cell.ljust(w) if i < left else cell.rjust(w)
+                         for i, (cell, w) in enumerate(zip(cells, widths, strict=True))).rstrip()
+
+    return "\n".join([line(rows[0]), "  ".join("-" * w for w in widths),
+                      *(line(r) for r in rows[1:])])
+
+
+def _cell(r: Result) -> str:
+    if r.error:
+        return "FAILED" if r.error == "wrong result" else "n/a"
+    mark = "" if r.interleaved else "*"
+    return f"{r.speedup:.2f}x ({r.gflops:.1f}){mark}"
+
+
+def format_tables(results: Sequence[Result]) -> str:
+    """One table per size group: rows are candidates, cells 'speedup (GFLOPS)' per size."""
+    out = []
+    for group in dict.fromkeys(r.group for r in results):
+        rows = [r for r in results if r.group == group]
+        sizes = list(dict.fromkeys(r.size for r in rows))
+        keys = list(dict.fromkeys(r.key for r in rows))
+        by = {(r.key, r.size): r for r in rows}
+        body = [[key, *(_cell(by[key, s]) if (key, s) in by else "" for s in sizes)]
+                for key in keys]
+        out += [f"{group} SGEMM (M=N=K)", text_table(["strategy[backend]", *map(str, sizes)],
+                                                     body), ""]
+    out.append("cells: speedup over the baseline (GFLOPS); * = timed apart (slow calls), "
+               "not interleaved; n/a = could not be built here (see JSON)")
+    return "\n".join(out)
+
+
+def results_to_json(results: Sequence[Result], meta: Mapping[str, Any]) -> str:
+    """A JSON document: ``meta`` (machine, baseline, notes, ...) plus every result."""
+    def clean(x: Any) -> Any:
+        return None if isinstance(x, float) and not math.isfinite(x) else x
+
+    rows = [{k: clean(v) for k, v in asdict(r).items()} for r in results]
+    document = {"python": platform.python_version(), "numpy": np.__version__, **meta,
+                "results": rows}
+    return json.dumps(document, indent=2)
+
+
+def _order(results: Sequence[Result], baseline: str) -> list[str]:
+    keys = list(dict.fromkeys(r.key for r in results))
+    rank = {s: i for i, s in enumerate(STRATEGY_ORDER)}
+    strategy = {r.key: r.strategy for r in results}
+    return sorted((k for k in keys if k != baseline), key=lambda k: rank.get(strategy[k], 99))
+
+
+def _style(key: str, strategy: str) -> dict[str, Any]:
+    colors = {NAIVE: "0.55", INTRINSIC: "tab:purple", TILING_INTRINSIC: "tab:pink",
+              TILING: "tab:blue", PACKING: "tab:green", NUMPY: "tab:red"}
+    return {"color": colors.get(strategy, "tab:gray"),
+            "hatch": "//" if key.endswith("[llvm]") else None}
+
+
+def plot_speedups(results: Sequence[Result], out_dir: Path, baseline: str,
+                  title: str = "") -> list[Path]:
+    """One figure per size group, like the seed's Figures 4-9: grouped bars of the
+    speedup over ``baseline`` per size (log scale). Returns the files written."""
+    from matplotlib.figure import Figure
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = []
+    for group in dict.fromkeys(r.group for r in results):
+        rows = [r for r in results if r.group == group]
+        sizes = list(dict.fromkeys(r.size for r in rows))
+        keys = _order(rows, baseline)
+        by = {(r.key, r.size): r for r in rows}
+        fig = Figure(figsize=(max(6.0, 1.6 * len(sizes) + 0.35 * len(keys)), 4.5))
+        ax = fig.add_subplot()
+        width = 0.8 / max(1, len(keys))
+        for i, key in enumerate(keys):
+            ys = [by[key, s].speedup if (key, s) in by else math.nan for s in sizes]
+            xs = [j + (i - (len(keys) - 1) / 2) * width for j in range(len(sizes))]
+            strategy = next(r.strategy for r in rows if r.key == key)
+            ax.bar(xs, ys, width, label=key, edgecolor="black", linewidth=0.4,
+                   **_style(key, strategy))
+        ax.axhline(1.0, color="black", linewidth=0.8)
+        ax.set_xticks(range(len(sizes)), [f"{s}" for s in sizes])
+        ax.set_xlabel("M = N = K")
+        ax.set_yscale("log")
+        ax.set_ylabel(f"speedup over {baseline}")
+        ax.set_title(f"{group} SGEMM{': ' + title if title else ''}", fontsize=10)
+        ax.legend(fontsize=7, ncols=2)
+        path = out_dir / f"speedup_{group}.png"
+        fig.savefig(path, dpi=120, bbox_inches="tight")
+        written.append(path)
+    return written
+
+
+def plot_gflops(results: Sequence[Result], out_dir: Path, title: str = "") -> Path:
+    """GFLOPS against size for every candidate (the baseline included) and NumPy."""
+    from matplotlib.figure import Figure
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    fig = Figure(figsize=(7.5, 4.8))
+    ax = fig.add_subplot()
+    for key in _order(results, baseline=""):
+        rows = sorted((r for r in results if r.key == key and math.isfinite(r.gflops)),
+                      key=lambda r: r.size)
+        if rows:
+            style = _style(key, rows[0].strategy)
+            ax.plot([r.size for r in rows], [r.gflops for r in rows], color=style["color"],
+                    linestyle="--" if style["hatch"] else "-", marker="o", markersize=3,
+                    label=key)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("M = N = K")
+    ax.set_ylabel("GFLOPS (one core)")
+    ax.set_title(f"SGEMM GFLOPS{': ' + title if title else ''}", fontsize=10)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7, ncols=2)
+    path = out_dir / "gflops_vs_size.png"
+    fig.savefig(path, dpi=120, bbox_inches="tight")
+    return path
