@@ -34,6 +34,10 @@ from blacc.runtime.gemm import host_target
 DEFAULT_OUT = Path(__file__).resolve().parent / "results"
 
 
+def _progress(case: str) -> None:
+    print(f"running {case} ...", file=sys.stderr, flush=True)
+
+
 def _groups(args: argparse.Namespace) -> dict[str, tuple[int, ...]]:
     groups = QUICK_GROUPS if args.quick else FULL_GROUPS if args.full else DEFAULT_GROUPS
     if args.sizes:
@@ -41,21 +45,26 @@ def _groups(args: argparse.Namespace) -> dict[str, tuple[int, ...]]:
     return dict(groups)
 
 
-def _notes(timing: Timing, baseline: str, overheads: dict[str, float]) -> list[str]:
+def _notes(timing: Timing, baseline: str, overheads: dict[str, float],
+           direct: bool) -> list[str]:
     """What the reader must know to interpret the numbers."""
+    ctypes_cost = ", ".join(f"{b} {s * 1e6:.2f} us" for b, s in overheads.items() if b != "numpy")
+    calls = ("one ctypes call per kernel call" if direct else
+             "a JIT-compiled loop making 2^22 // N^3 kernel calls per ctypes call, as if "
+             "called from compiled code")
     notes = [
         f"baseline: {baseline} = naive triple loop (generic ISA, no tiling/vectorization "
         "directives) compiled at -O3",
-        "blacc kernels are called directly through their ctypes function with pre-converted "
-        "arguments (no blacc.gemm checks); measured ctypes call overhead per call: "
-        + ", ".join(f"{b} {s * 1e6:.2f} us" for b, s in overheads.items())
-        + " (included in all blacc timings; NumPy pays its own np.matmul call overhead)",
+        f"blacc kernels are called through their compiled entry point ({calls}), not through "
+        f"blacc.gemm; one empty ctypes call costs {ctypes_cost}; one np.matmul call of 1x1 "
+        f"matrices costs {overheads.get('numpy', float('nan')) * 1e6:.2f} us, paid on every "
+        "NumPy call",
         "each result verified against a float64 reference before timing; single thread, same "
-        "process; fast candidates interleaved, samples >= "
-        f"{timing.min_sample_s * 1e3:.0f} ms, median of {timing.samples}",
+        f"process; fast candidates interleaved, samples >= {timing.min_sample_s * 1e3:.0f} ms, "
+        f"median of {timing.samples}",
         f"calls slower than {timing.slow_call_s:g} s (naive loops at large sizes) are timed "
-        f"apart: median of up to {timing.slow_samples} call(s) within {timing.slow_budget_s:g} s, "
-        "the verified call counted",
+        f"apart: median of up to {timing.slow_samples} call(s) within "
+        f"{timing.slow_budget_s:g} s, the verified call counted",
         "Intrinsic on the C backend runs blacc's generic lowering of the intrinsic (the "
         "llvm.matrix.multiply intrinsic exists only in LLVM)",
     ]
@@ -75,6 +84,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--backends", nargs="+", choices=("c", "llvm"), default=["c", "llvm"])
     parser.add_argument("--baseline", help="candidate key to divide by (default naive[c])")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="folder for JSON + plots")
+    parser.add_argument("--direct", action="store_true",
+                        help="one ctypes call per kernel call (no compiled repeat loop)")
     parser.add_argument("--no-plots", action="store_true", help="skip matplotlib figures")
     args = parser.parse_args(argv)
 
@@ -86,16 +97,17 @@ def main(argv: list[str] | None = None) -> int:
     overheads = measure_overheads(args.backends, timing)
     results = run_strategies(
         _groups(args), backends=args.backends, timing=timing, baseline=baseline,
-        progress=lambda case: print(f"running {case} ...", file=sys.stderr, flush=True))
+        direct=args.direct, progress=_progress)
     tgt = host_target()
     machine = f"{tgt.machine.name} ({tgt.isa.name})"
-    notes = _notes(timing, baseline, overheads)
+    notes = _notes(timing, baseline, overheads, args.direct)
     print(f"SGEMM strategies vs naive loops on {machine}\n")
     print(format_tables(results))
     print("\n".join(f"note: {n}" for n in notes))
     args.out.mkdir(parents=True, exist_ok=True)
     meta = {"machine": tgt.machine.to_dict(), "isa": tgt.isa.name, "dtype": "float32",
-            "baseline": baseline, "call_overhead_s": overheads, "notes": notes,
+            "baseline": baseline, "call_overhead_s": overheads,
+            "calls": "direct ctypes" if args.direct else "compiled repeat loop", "notes": notes,
             "mode": "quick" if args.quick else "full" if args.full else "default"}
     json_path = args.out / "strategies.json"
     json_path.write_text(results_to_json(results, meta) + "\n", encoding="utf-8")

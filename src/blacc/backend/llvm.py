@@ -10,7 +10,12 @@ meaning ``ir.interp`` gives them, so the backends agree on every program. Choice
 * a vector ``Fma`` is ``llvm.fma`` (the ISA's fused intrinsic) and a scalar one is
   ``llvm.fmuladd`` (what clang makes of ``a * b + c``: fused where the target has it);
   no other fast-math flag is set, so nothing is reassociated;
-* loads and stores carry only the element's alignment, as C's pointers do.
+* loads and stores carry only the element's alignment, as C's pointers do;
+* matrix values (``MatrixLoad``, ``MatrixMultiply``, ``MatrixStore``) are LLVM's
+  ``llvm.matrix.*`` intrinsics on flat vectors; the multiply carries ``contract`` so that
+  LLVM's lowering may use multiply-adds (as ``llvm.fmuladd`` does for a scalar ``Fma``).
+  LLVM lowers them in its -O3 pipeline only under ``-enable-matrix``, which ``render`` sets
+  (once per process) when a module has them.
 
 The text has no target triple or data layout: ``backend.jit`` sets the host's.
 """
@@ -18,9 +23,11 @@ The text has no target triple or data layout: ``backend.jit`` sets the host's.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import struct
 from dataclasses import dataclass
 
+import llvmlite.binding as llvm_binding
 import numpy as np
 from llvmlite.binding import llvm_version_info
 
@@ -68,7 +75,7 @@ def _literal(value: int | float, dtype: str) -> str:
 def _speculatable(e: k.Expr) -> bool:
     """Whether evaluating ``e`` unconditionally is safe: no loads (the address may be
     invalid on the path not taken) and no integer division (by zero)."""
-    if isinstance(e, k.Load):
+    if isinstance(e, (k.Load, k.MatrixLoad)):
         return False
     if isinstance(e, k.Bin) and e.op in ("/", "%") and e.dtype not in _FLOATS:
         return False
@@ -163,12 +170,14 @@ class _FunctionWriter:
     def branch(self, cond: _Val, then: str, orelse: str) -> None:
         self.emit(f"br i1 {cond.ref}, label %{then}, label %{orelse}")
 
-    def call(self, name: str, ret: str, args: list[_Val | tuple[str, str]]) -> str:
-        """``call ret @name(args)``, declaring ``name``. An argument is a value or a pair
-        (type, text as passed: the type, attributes and the value)."""
+    def call(self, name: str, ret: str, args: list[_Val | tuple[str, str]],
+             flags: str = "") -> str:
+        """``call [flags] ret @name(args)``, declaring ``name``. An argument is a value or a
+        pair (type, text as passed: the type, attributes and the value)."""
         pairs = [(a.type, a.typed) if isinstance(a, _Val) else a for a in args]
         self.m.declare(name, ret, ", ".join(t for t, _ in pairs))
-        return f"call {ret} @{name}({', '.join(text for _, text in pairs)})"
+        head = f"call {flags} " if flags else "call "
+        return f"{head}{ret} @{name}({', '.join(text for _, text in pairs)})"
 
     # ------------------------------------------------------------------ variables and buffers
     def slot(self, var: k.Var, create: bool = False) -> str:
@@ -225,7 +234,36 @@ class _FunctionWriter:
             return self.select(e)
         if isinstance(e, k.Ref):
             return _Val(self.address(e.buf, e.index), "ptr")
+        if isinstance(e, k.MatrixLoad):
+            return self.matrix_load(e)
+        if isinstance(e, k.MatrixMultiply):
+            a, b = self.expr(e.a), self.expr(e.b)
+            ret = _type(e.dtype, e.lanes)
+            name = (f"llvm.matrix.multiply.{_suffix(e.dtype, e.lanes)}.{_suffix(a.dtype, a.lanes)}"
+                    f".{_suffix(b.dtype, b.lanes)}")
+            dims = [("i32", f"i32 {n}") for n in (e.rows, e.inner, e.cols)]
+            return self.value(self.call(name, ret, [a, b, *dims], flags="contract"),
+                              e.dtype, e.lanes)
         raise TypeError(f"the LLVM backend cannot print {type(e).__name__}")
+
+    def matrix_args(self, buf: str, index: k.Expr, stride: k.Expr, dtype: str, rows: int,
+                    cols: int) -> list[tuple[str, str]]:
+        """(ptr, stride, volatile, rows, cols) of a column-major load or store."""
+        ptr = self.address(buf, index)
+        step = self.expr(stride)
+        return [("ptr", f"ptr align {_SIZE[dtype]} {ptr}"), ("i64", step.typed),
+                ("i1", "i1 false"), ("i32", f"i32 {rows}"), ("i32", f"i32 {cols}")]
+
+    def matrix_load(self, e: k.MatrixLoad) -> _Val:
+        name = f"llvm.matrix.column.major.load.{_suffix(e.dtype, e.lanes)}.i64"
+        args = self.matrix_args(e.buf, e.index, e.stride, e.dtype, e.rows, e.cols)
+        return self.value(self.call(name, _type(e.dtype, e.lanes), args), e.dtype, e.lanes)
+
+    def matrix_store(self, s: k.MatrixStore) -> None:
+        v = self.expr(s.value)
+        name = f"llvm.matrix.column.major.store.{_suffix(v.dtype, v.lanes)}.i64"
+        args = self.matrix_args(s.buf, s.index, s.stride, v.dtype, s.rows, s.cols)
+        self.emit(self.call(name, "void", [v, *args]))
 
     def widen(self, v: _Val, lanes: int) -> _Val:
         """``v`` in every one of ``lanes`` lanes (insertelement + shufflevector)."""
@@ -346,6 +384,8 @@ class _FunctionWriter:
             self.free(s.buf)
         elif isinstance(s, k.Call):
             self.invoke(s)
+        elif isinstance(s, k.MatrixStore):
+            self.matrix_store(s)
         elif isinstance(s, k.Prefetch):
             ptr = self.address(s.buf, s.index, inbounds=False)
             args = [("ptr", f"ptr {ptr}"), *(("i32", f"i32 {x}") for x in (int(s.write), 3, 1))]
@@ -475,7 +515,8 @@ def render(module: k.Module, isa: Isa) -> str:
         for p in f.params:
             if p.dtype not in _SIZE:
                 raise TypeError(f"{f.name}: parameter {p.name} has unknown type {p.dtype}")
-    _check_vectors(module, isa)
+    if _check_vectors(module, isa):
+        _enable_matrix_lowering()
     state = _ModuleState(module, isa)
     bodies = [_FunctionWriter(state, f).render() for f in module.functions]
     return "\n".join([
@@ -486,14 +527,40 @@ def render(module: k.Module, isa: Isa) -> str:
         *state.metadata(), ""])
 
 
-def _check_vectors(module: k.Module, isa: Isa) -> None:
-    """Only the ISA's vector widths may appear, as in the C backend: LLVM would accept
-    any width, but a program that the C backend rejects must not pass here."""
-    def visit(x: object) -> object:
-        if isinstance(x, k.Expr) and x.lanes > 1 and x.dtype != "bool" \
-                and isa.lanes(x.dtype) != x.lanes:
-            raise ScheduleError(f"target {isa.name} has no {x.lanes}-lane {x.dtype} vector")
-        return x
+_MATRIX_NODES = (k.MatrixLoad, k.MatrixMultiply, k.MatrixStore)
 
+
+def _check_vectors(module: k.Module, isa: Isa) -> bool:
+    """Only the ISA's vector widths may appear, as in the C backend: LLVM would accept
+    any width, but a program that the C backend rejects must not pass here. The one
+    exception is matrix values: a function with matrix nodes may hold vectors as wide as
+    its matrices. Returns whether the module has matrix nodes."""
+    found = False
     for f in module.functions:
+        shapes: set[tuple[str, int]] = set()
+
+        def collect(x: object, shapes: set[tuple[str, int]] = shapes) -> object:
+            if isinstance(x, k.MatrixStore):
+                shapes.add((x.value.dtype, x.rows * x.cols))
+            elif isinstance(x, _MATRIX_NODES):
+                shapes.add((x.dtype, x.lanes))
+            return x
+
+        def visit(x: object, shapes: set[tuple[str, int]] = shapes) -> object:
+            if isinstance(x, k.Expr) and x.lanes > 1 and x.dtype != "bool" \
+                    and isa.lanes(x.dtype) != x.lanes and (x.dtype, x.lanes) not in shapes:
+                raise ScheduleError(f"target {isa.name} has no {x.lanes}-lane {x.dtype} vector")
+            return x
+
+        rewrite(f.body, collect)
         rewrite(f.body, visit)
+        found = found or bool(shapes)
+    return found
+
+
+@functools.cache
+def _enable_matrix_lowering() -> None:
+    """LLVM's -O3 pipeline lowers the ``llvm.matrix.*`` intrinsics only under
+    ``-enable-matrix`` (clang's -fenable-matrix); unlowered, code generation aborts the
+    process. The option is process-wide: set once, on the first module that needs it."""
+    llvm_binding.set_option("blacc", "-enable-matrix")

@@ -7,9 +7,13 @@ and NumPy's BLAS, each as a speedup over *naive loops*: the plain i/j/k triple l
 (``Tile((("i", 1), ("j", 1)))`` and nothing else) for the generic ISA, i.e. straightforward
 loops compiled at -O3 like the seed's baseline.
 
-Kernels are called straight through their ctypes function with pre-converted arguments,
-so the Python overhead per call is one ctypes call (measured and reported), not
-``blacc.gemm``'s argument checks. Every candidate's result is checked against a float64
+Kernels are called straight through their compiled entry point, never ``blacc.gemm``
+(whose argument checks would dominate tiny sizes). By default a small JIT-compiled loop
+calls the kernel ``inner_repeats(size)`` times per ctypes call, so even the ~2-4 us of one
+ctypes call is spread over many kernel calls, as when the seed's kernels are called from
+compiled code; ``direct=True`` makes one ctypes call per kernel call instead (arguments
+converted once). NumPy is called as ``np.matmul(A, B, out=C)``, with its own per-call
+overhead (measured and reported). Every candidate's result is checked against a float64
 reference before it is timed. Fast candidates are timed together (same process, one
 thread, interleaved, medians; see `blacc.bench.timing`); a candidate whose single call
 takes longer than ``Timing.slow_call_s`` (naive loops at large sizes) is timed apart with
@@ -18,6 +22,7 @@ a few calls, or just its verified call.
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import importlib
 import json
@@ -111,6 +116,7 @@ class Result:
     verified: bool
     calls_timed: int  # samples (interleaved) or calls (timed apart)
     interleaved: bool
+    inner_repeats: int  # kernel calls per ctypes call (1 for NumPy and direct calls)
     error: str = ""
 
 
@@ -212,21 +218,78 @@ def reference_checker(a: npt.NDArray[np.floating],
 # ----------------------------------------------------------------------------- timing
 
 
-def kernel_call(fn: Any, a: np.ndarray, b: np.ndarray, c: np.ndarray) -> Callable[[], int]:
-    """C = A @ B through the kernel's ctypes function, arguments converted once."""
+_IR_TYPES = {ctypes.c_int64: "i64", ctypes.c_int32: "i32", ctypes.c_float: "float",
+             ctypes.c_double: "double", ctypes.c_void_p: "ptr"}
+
+
+@functools.cache
+def _repeat_driver(argtypes: tuple[Any, ...]) -> Any:
+    """``int repeat(fn, reps, args...)``: calls ``fn(args...)`` reps times from machine code
+    and ORs the statuses; JIT-compiled with llvmlite (no C compiler needed)."""
+    from blacc.backend import jit
+
+    types = [_IR_TYPES[t] for t in argtypes]
+    params = ", ".join(f"{t} %a{i}" for i, t in enumerate(types))
+    args = ", ".join(f"{t} %a{i}" for i, t in enumerate(types))
+    ir = f"""
+define i32 @blacc_repeat(ptr %fn, i64 %reps, {params}) {{
+entry:
+  br label %head
+head:
+  %i = phi i64 [0, %entry], [%next, %body]
+  %acc = phi i32 [0, %entry], [%acc2, %body]
+  %done = icmp sge i64 %i, %reps
+  br i1 %done, label %exit, label %body
+body:
+  %s = call i32 %fn({args})
+  %acc2 = or i32 %acc, %s
+  %next = add i64 %i, 1
+  br label %head
+exit:
+  ret i32 %acc
+}}
+"""
+    lib = jit.JitLibrary(jit.emit_object(ir))
+    proto = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_int64, *argtypes)
+    return proto(lib.address("blacc_repeat"))
+
+
+def inner_repeats(size: int) -> int:
+    """Kernel calls per ctypes call in loop mode: about 4M multiply-adds' worth."""
+    return max(1, (1 << 22) // size**3)
+
+
+def kernel_call(fn: Any, a: np.ndarray, b: np.ndarray, c: np.ndarray,
+                repeats: int = 1) -> Callable[[], int]:
+    """C = A @ B through the kernel's ctypes function, arguments converted once; with
+    ``repeats`` > 1, one ctypes call runs the kernel that many times in a compiled loop."""
     (m, k), n = a.shape, b.shape[1]
     args = (m, n, k, 1.0, a.ctypes.data, k, 1, b.ctypes.data, n, 1, 0.0, c.ctypes.data, n, 1)
-    return functools.partial(fn, *(t(v) for t, v in zip(fn.argtypes, args, strict=True)))
+    converted = [t(v) for t, v in zip(fn.argtypes, args, strict=True)]
+    if repeats == 1:
+        return functools.partial(fn, *converted)
+    driver = _repeat_driver(tuple(fn.argtypes))
+    address = ctypes.cast(fn, ctypes.c_void_p)
+    return functools.partial(driver, address, ctypes.c_int64(repeats), *converted)
 
 
-def call_overhead_s(fn: Any, timing: Timing) -> float:
-    """Seconds of one ctypes call of a kernel that does nothing (m = n = k = 0)."""
-    x = np.zeros((1, 1), _NP_DTYPE)
-    args = (0, 0, 0, 1.0, x.ctypes.data, 1, 1, x.ctypes.data, 1, 1, 0.0, x.ctypes.data, 1, 1)
-    call = functools.partial(fn, *(t(v) for t, v in zip(fn.argtypes, args, strict=True)))
-    stats = measure_interleaved({"empty": call}, min_sample_s=timing.min_sample_s,
+def _overhead_s(call: Callable[[], Any], timing: Timing) -> float:
+    stats = measure_interleaved({"call": call}, min_sample_s=timing.min_sample_s,
                                 samples=timing.samples, warmup=timing.warmup)
-    return stats["empty"].median
+    return stats["call"].median
+
+
+def measure_overheads(backends: Sequence[str], timing: Timing) -> dict[str, float]:
+    """Seconds per call that do no work: one ctypes call of each backend's naive kernel
+    with m = n = k = 0, and ``np.matmul`` of 1x1 matrices."""
+    x = np.zeros((1, 1), _NP_DTYPE)
+    y = np.zeros((0, 0), _NP_DTYPE)
+    out = {}
+    for backend in backends:
+        fn = _compile(Candidate("", NAIVE, backend, naive_plan(), GENERIC))
+        out[backend] = _overhead_s(kernel_call(fn, y, y, y), timing)
+    out["numpy"] = _overhead_s(lambda: np.matmul(x, x, out=x), timing)
+    return out
 
 
 def _compile(cand: Candidate) -> Any:
@@ -236,35 +299,35 @@ def _compile(cand: Candidate) -> Any:
     return gemm_kernel(DTYPE, cand.plan, cand.isa, cand.backend).native.function
 
 
-def _callable(cand: Candidate, a: np.ndarray, b: np.ndarray, c: np.ndarray) -> Callable[[], Any]:
-    if cand.backend == "numpy":
-        return lambda: np.matmul(a, b, out=c)
-    return kernel_call(_compile(cand), a, b, c)
-
-
 @dataclass
 class _Prepared:
     cand: Candidate
     fn: Callable[[], Any] | None
+    repeats: int  # kernel calls per call of fn
     verified: bool
-    first_s: float
+    first_s: float  # seconds per kernel call of the verified run
     error: str = ""
 
 
 def _prepare(cand: Candidate, a: np.ndarray, b: np.ndarray, c: np.ndarray,
-             check: Callable[[np.ndarray], bool]) -> _Prepared:
+             check: Callable[[np.ndarray], bool], repeats: int) -> _Prepared:
     """Compile, run once on a NaN-filled C (timed) and verify."""
-    try:
-        fn = _callable(cand, a, b, c)
-    except Exception as exc:  # a strategy that cannot build here is reported, not fatal
-        return _Prepared(cand, None, False, math.nan, f"{type(exc).__name__}: {exc}")
+    if cand.backend == "numpy":
+        fn: Callable[[], Any] = lambda: np.matmul(a, b, out=c)  # noqa: E731
+        repeats = 1
+    else:
+        try:
+            fn = kernel_call(_compile(cand), a, b, c, repeats)
+        except Exception as exc:  # a strategy that cannot build here is reported, not fatal
+            return _Prepared(cand, None, repeats, False, math.nan,
+                             f"{type(exc).__name__}: {exc}")
     c.fill(np.nan)
     start = time.perf_counter()
     status = fn()
-    first = time.perf_counter() - start
+    first = (time.perf_counter() - start) / repeats
     if cand.backend != "numpy" and status != 0:
-        return _Prepared(cand, None, False, first, f"kernel returned status {status}")
-    return _Prepared(cand, fn, check(c), first)
+        return _Prepared(cand, None, repeats, False, first, f"kernel returned status {status}")
+    return _Prepared(cand, fn, repeats, check(c), first)
 
 
 def _time_apart(p: _Prepared, timing: Timing) -> list[float]:
@@ -274,47 +337,60 @@ def _time_apart(p: _Prepared, timing: Timing) -> list[float]:
     while len(times) < timing.slow_samples and sum(times) + times[-1] <= timing.slow_budget_s:
         start = time.perf_counter()
         p.fn()
-        times.append(time.perf_counter() - start)
+        times.append((time.perf_counter() - start) / p.repeats)
     return times
 
 
+def _measure(prepared: Sequence[_Prepared], timing: Timing) -> dict[str, tuple[float, int, bool]]:
+    """{key: (seconds per kernel call, calls or samples, interleaved)} of verified ones."""
+    out: dict[str, tuple[float, int, bool]] = {}
+    fast: dict[str, Callable[[], Any]] = {}
+    repeats: dict[str, int] = {}
+    for p in prepared:
+        if p.fn is None or not p.verified:
+            continue
+        if p.first_s > timing.slow_call_s:
+            times = _time_apart(p, timing)
+            out[p.cand.key] = (statistics.median(times), len(times), False)
+        else:
+            fast[p.cand.key], repeats[p.cand.key] = p.fn, p.repeats
+    stats = measure_interleaved(fast, min_sample_s=timing.min_sample_s, samples=timing.samples,
+                                warmup=timing.warmup)
+    for key, st in stats.items():
+        out[key] = (st.median / repeats[key], len(st.samples), True)
+    return out
+
+
 def run_size(group: str, size: int, backends: Sequence[str], isa: Isa, timing: Timing,
-             baseline: str) -> list[Result]:
+             baseline: str, direct: bool = False) -> list[Result]:
     """Verify and time every candidate at M = N = K = ``size``."""
     rng = np.random.default_rng(size)
     a = rng.uniform(-1.0, 1.0, (size, size)).astype(_NP_DTYPE)
     b = rng.uniform(-1.0, 1.0, (size, size)).astype(_NP_DTYPE)
     c = np.empty((size, size), _NP_DTYPE)
     check = reference_checker(a, b)
-    seconds: dict[str, float] = {}
-    calls: dict[str, int] = {}
+    repeats = 1 if direct else inner_repeats(size)
     with single_thread():
-        prepared = [_prepare(cand, a, b, c, check) for cand in candidates(size, backends, isa)]
-        ok = [p for p in prepared if p.fn is not None and p.verified]
-        for p in ok:
-            if p.first_s > timing.slow_call_s:
-                times = _time_apart(p, timing)
-                seconds[p.cand.key], calls[p.cand.key] = statistics.median(times), len(times)
-        fast = {p.cand.key: p.fn for p in ok if p.cand.key not in seconds and p.fn is not None}
-        stats = measure_interleaved(fast, min_sample_s=timing.min_sample_s,
-                                    samples=timing.samples, warmup=timing.warmup)
-    for key, st in stats.items():
-        seconds[key], calls[key] = st.median, len(st.samples)
-    base = seconds.get(baseline, math.nan)
-    flops = 2.0 * size**3
-    return [
-        Result(group, size, p.cand.key, p.cand.strategy, p.cand.backend,
-               seconds.get(p.cand.key, math.nan), flops / seconds.get(p.cand.key, math.nan) / 1e9,
-               base / seconds.get(p.cand.key, math.nan), p.verified, calls.get(p.cand.key, 0),
-               p.cand.key in stats, p.error or ("" if p.verified else "wrong result"))
-        for p in prepared
-    ]
+        prepared = [_prepare(cand, a, b, c, check, repeats)
+                    for cand in candidates(size, backends, isa)]
+        measured = _measure(prepared, timing)
+    base = measured.get(baseline, (math.nan,))[0]
+    results = []
+    for p in prepared:
+        seconds, calls, interleaved = measured.get(p.cand.key, (math.nan, 0, False))
+        error = p.error or ("" if p.verified else "wrong result")
+        results.append(Result(group, size, p.cand.key, p.cand.strategy, p.cand.backend,
+                              seconds, 2.0 * size**3 / seconds / 1e9, base / seconds,
+                              p.verified, calls, interleaved, p.repeats, error))
+    return results
 
 
 def run_strategies(groups: Groups, *, backends: Sequence[str] = ("c", "llvm"),
                    timing: Timing = FULL_TIMING, baseline: str | None = None,
+                   direct: bool = False,
                    progress: Callable[[str], None] | None = None) -> list[Result]:
-    """Every size of every group; ``baseline`` defaults to naive loops on the first backend."""
+    """Every size of every group; ``baseline`` defaults to naive loops on the first backend;
+    ``direct``: one ctypes call per kernel call instead of the compiled repeat loop."""
     from blacc.runtime.gemm import host_target
 
     baseline = baseline or f"{NAIVE.lower()}[{backends[0]}]"
@@ -324,14 +400,8 @@ def run_strategies(groups: Groups, *, backends: Sequence[str] = ("c", "llvm"),
         for size in sizes:
             if progress is not None:
                 progress(f"{group} {size}x{size}x{size}")
-            results += run_size(group, size, backends, isa, timing, baseline)
+            results += run_size(group, size, backends, isa, timing, baseline, direct)
     return results
-
-
-def measure_overheads(backends: Sequence[str], timing: Timing) -> dict[str, float]:
-    """ctypes call overhead per backend, from an empty call of the naive kernel."""
-    cand = {b: Candidate("", NAIVE, b, naive_plan(), GENERIC) for b in backends}
-    return {b: call_overhead_s(_compile(c), timing) for b, c in cand.items()}
 
 
 # ----------------------------------------------------------------------------- output

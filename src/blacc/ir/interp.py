@@ -148,7 +148,7 @@ def _execute(s: k.Stmt, env: _Env) -> None:
         v[s.buf] = np.full(int(evaluate(s.size, env)), np.nan, dtype=numpy_dtype(s.dtype))
     elif isinstance(s, k.Call):
         func = env.module.function(s.func)
-        args = {p.name: evaluate(a, env) for p, a in zip(func.params, s.args)}
+        args = {p.name: evaluate(a, env) for p, a in zip(func.params, s.args, strict=True)}
         execute(func.body, _Env(env.module, args))
     elif isinstance(s, k.PackSlivers):
         _pack(s, env)

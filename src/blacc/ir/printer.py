@@ -31,6 +31,10 @@ def expr(e: k.Expr) -> str:
         return f"&{e.buf}[{expr(e.index)}]"
     if isinstance(e, k.Reduce):
         return f"hsum({expr(e.x)})"
+    if isinstance(e, k.MatrixLoad):
+        return f"mload{e.rows}x{e.cols}({e.buf}[{expr(e.index)}], stride={expr(e.stride)})"
+    if isinstance(e, k.MatrixMultiply):
+        return f"mmul{e.rows}x{e.inner}x{e.cols}({expr(e.a)}, {expr(e.b)})"
     raise TypeError(f"cannot print {type(e).__name__}")
 
 
@@ -98,7 +102,8 @@ def function(f: k.Function) -> str:
     def param(p: k.Param) -> str:
         return f"{p.name}: {'const ' if p.const else ''}{p.dtype}{'*' if p.pointer else ''}"
 
-    head = f"{'export ' if f.exported else ''}def {f.name}({', '.join(param(p) for p in f.params)}):"
+    params = ", ".join(param(p) for p in f.params)
+    head = f"{'export ' if f.exported else ''}def {f.name}({params}):"
     return "\n".join([head, *block(f.body, 1)])
 
 

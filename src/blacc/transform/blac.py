@@ -1,0 +1,375 @@
+"""Lower a fixed-size indexed program (ir.indexed) to vectorized kernel IR.
+
+One operation ``out[i, j] = body`` is computed block by block: a block is a
+register tile of output positions evaluated together, and every reduction of the
+body runs once for the whole block with one accumulator per position (unroll and
+jam), so loads shared by positions are issued once and the FMAs of a block are
+independent. One index is mapped onto SIMD lanes:
+
+* an output dimension with unit stride (``C = A*B`` row-major: j), leaves that do not
+  depend on it are broadcast; or
+* the index of a reduction whose leaves have unit stride along it (``alpha = x'*y``,
+  ``y = A*x`` with A row-major: k), finished by a horizontal sum.
+
+Extents that are not multiples of the vector length end with a narrower vector
+(128-bit on AVX2) or a masked one — never a scalar tail where a vector op fits.
+Loops with few iterations are unrolled into straight-line code with constant
+offsets; longer ones stay loops.
+
+    y[i] = sum_k A[i,k] x[k]   (5x9 f64, vector k, block 4)
+      ->  acc_0..3 = 0; for k in (0, 4, 8): acc_r = fma(load4(A[r*9+k], count), load4(x[k]), acc_r)
+          y[r] = hsum(acc_r)
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from ..errors import ScheduleError
+from ..ir import indexed as ix
+from ..ir import kernel as k
+from ..runtime.signature import ARRAY, ArgSpec
+from ..target.isa import Isa
+
+
+@dataclass(frozen=True)
+class OpSchedule:
+    """How one operation is computed: the index on lanes (None: scalar code), the block
+    of output positions computed together (rows x vector chunks), the loop order of the
+    output dimensions, and the trip count up to which loops are fully unrolled."""
+
+    vector: str | None
+    block: tuple[int, int] = (1, 1)
+    outer: str | None = None  # the output dim iterated outermost (None: the non-vector one)
+    unroll: int = 16
+
+
+@dataclass(frozen=True)
+class _Chunk:
+    """A piece of the vectorized index: ``width`` lanes from ``start`` (an int, or a loop
+    variable), ``count`` of them valid."""
+
+    start: int | k.Expr
+    width: int
+    count: int
+
+    @property
+    def start_expr(self) -> k.Expr:
+        return self.start if isinstance(self.start, k.Expr) else k.Const(self.start)
+
+    @property
+    def masked(self) -> bool:
+        return self.count < self.width
+
+
+def chunks(extent: int, widths: tuple[int, ...]) -> list[_Chunk]:
+    """Cover range(extent) with full vectors, then the narrowest vector that holds the
+    rest (exactly when possible, else masked)."""
+    full = widths[0]
+    out = [_Chunk(s, full, full) for s in range(0, extent - extent % full, full)]
+    rest, start = extent % full, extent - extent % full
+    while rest:
+        fits = [w for w in widths if w <= rest]
+        exact = fits[0] if fits and fits[0] > 1 else None
+        if exact:
+            out.append(_Chunk(start, exact, exact))
+            start, rest = start + exact, rest - exact
+            continue
+        w = min(x for x in widths if x >= rest)
+        out.append(_Chunk(start, w, rest))
+        start, rest = start + rest, 0
+    return out
+
+
+# ----------------------------------------------------------------------------- addressing
+
+
+@dataclass(frozen=True)
+class _Storage:
+    """Where an operand lives: a buffer with element strides, or a scalar variable."""
+
+    buf: str
+    rs: int
+    cs: int
+    scalar_var: k.Var | None = None
+
+    def index(self, r: k.Expr, c: k.Expr) -> k.Expr:
+        return r * self.rs + c * self.cs
+
+
+def storages(program: ix.Program, specs: tuple[ArgSpec, ...]) -> dict[str, _Storage]:
+    out = {}
+    by_name = {s.name: s for s in specs}
+    for o in program.operands:
+        if o.temporary:
+            out[o.name] = _Storage(o.name, o.cols, 1)
+            continue
+        s = by_name[o.name]
+        if s.kind != ARRAY and not s.written:
+            out[o.name] = _Storage(o.name, 0, 0, k.Var(o.name, program.dtype))
+        elif s.kind != ARRAY:
+            out[o.name] = _Storage(o.name, 0, 0)
+        elif o.cols == 1:
+            out[o.name] = _Storage(o.name, 1, 0)
+        elif o.rows == 1:
+            out[o.name] = _Storage(o.name, 0, 1)
+        elif s.layout == "row":
+            out[o.name] = _Storage(o.name, s.leading_dimension, 1)
+        else:
+            out[o.name] = _Storage(o.name, 1, s.leading_dimension)
+    return out
+
+
+# ----------------------------------------------------------------------------- generation
+
+
+class _Gen:
+    """Generates the statements of one operation under one schedule."""
+
+    def __init__(self, program: ix.Program, op: ix.Op, sched: OpSchedule, isa: Isa,
+                 store: dict[str, _Storage], prefix: str) -> None:
+        self.p, self.op, self.s, self.isa, self.store = program, op, sched, isa, store
+        self.dt = program.dtype
+        self.prefix = prefix
+        self.n = 0
+
+    def fresh(self, hint: str, lanes: int) -> k.Var:
+        self.n += 1
+        return k.Var(f"{self.prefix}{hint}{self.n}", self.dt, lanes)
+
+    # values: per position, an Expr; ``ctx`` maps index -> Expr (scalar) or _Chunk (lanes)
+    def value(self, node: ix.Node, ctxs: list[dict], out: list[k.Stmt]) -> list[k.Expr]:
+        if isinstance(node, ix.Lit):
+            return [k.Const(float(node.value), self.dt)] * len(ctxs)
+        if isinstance(node, ix.Read):
+            return [self.read(node, c) for c in ctxs]
+        if isinstance(node, ix.Neg):
+            return [self.combine("-", k.Const(0.0, self.dt), x)
+                    for x in self.value(node.x, ctxs, out)]
+        if isinstance(node, (ix.Add, ix.Mul)):
+            a, b = self.value(node.a, ctxs, out), self.value(node.b, ctxs, out)
+            op = "+" if isinstance(node, ix.Add) else "*"
+            return [self.combine(op, x, y) for x, y in zip(a, b, strict=True)]
+        if isinstance(node, ix.Sum):
+            return self.reduce(node, ctxs, out)
+        raise TypeError(f"cannot generate {type(node).__name__}")
+
+    def lanes_of(self, ctx: dict) -> int:
+        chunk = next((v for v in ctx.values() if isinstance(v, _Chunk)), None)
+        return chunk.width if chunk else 1
+
+    def read(self, r: ix.Read, ctx: dict) -> k.Expr:
+        st = self.store[r.operand]
+        if st.scalar_var is not None:
+            return st.scalar_var
+        idx: list[k.Expr] = []
+        chunk, pos = None, None
+        for axis, i in enumerate(r.index):
+            v = ctx[i] if isinstance(i, str) else k.Const(0)
+            if isinstance(v, _Chunk):
+                chunk, pos = v, axis
+                v = v.start_expr
+            idx.append(v)
+        index = st.index(idx[0], idx[1])
+        if chunk is None:
+            return k.Load(st.buf, index, self.dt)
+        if (st.rs, st.cs)[pos] != 1:
+            raise ScheduleError(f"vectorizing {self.s.vector!r} needs unit stride in "
+                                f"{r.operand}")
+        count = k.Const(chunk.count) if chunk.masked else None
+        return k.Load(st.buf, index, self.dt, chunk.width, count)
+
+    def combine(self, op: str, a: k.Expr, b: k.Expr) -> k.Expr:
+        lanes = max(a.lanes, b.lanes)
+        if isinstance(a, k.Const) and isinstance(b, k.Const):
+            value = {"+": a.value + b.value, "-": a.value - b.value, "*": a.value * b.value}
+            return k.Const(value[op], self.dt)
+        if op == "+" and isinstance(a, k.Const) and a.value == 0:
+            return self.widen(b, lanes)
+        if op in "+-" and isinstance(b, k.Const) and b.value == 0:
+            return self.widen(a, lanes)
+        if op == "*" and isinstance(a, k.Const) and a.value == 1:
+            return b
+        if op == "*" and isinstance(b, k.Const) and b.value == 1:
+            return a
+        return k.Bin(op, self.widen(a, lanes), self.widen(b, lanes))
+
+    def widen(self, e: k.Expr, lanes: int) -> k.Expr:
+        return e if e.lanes == lanes else k.Broadcast(e, lanes)
+
+    def reduce(self, node: ix.Sum, ctxs: list[dict], out: list[k.Stmt]) -> list[k.Expr]:
+        vectorized = node.index == self.s.vector
+        pieces = (chunks(node.extent, self.isa.widths(self.dt)) if vectorized
+                  else [_Chunk(i, 1, 1) for i in range(node.extent)])
+        if vectorized and not _zero_padded(node.body, node.index):
+            raise ScheduleError(f"sum over {node.index!r} cannot run on lanes: a term does "
+                                "not vanish on masked lanes")
+        results: list[k.Expr] = [k.Const(0.0, self.dt)] * len(ctxs)
+        # one accumulator set per vector width used (full vectors, then the leftover)
+        by_width: dict[int, list[_Chunk]] = {}
+        for c in pieces:
+            by_width.setdefault(c.width, []).append(c)
+        for width, group in by_width.items():
+            lanes = [width if vectorized else self.lanes_of(c) for c in ctxs]
+            accs = [self.fresh("acc", lanes[p]) for p in range(len(ctxs))]
+            for p, acc in enumerate(accs):
+                out.append(k.Decl(acc, self.widen(k.Const(0.0, self.dt), lanes[p])))
+            self.accumulate(node, ctxs, group, accs, vectorized, out)
+            for p, acc in enumerate(accs):
+                total = k.Reduce(acc) if vectorized and width > 1 else acc
+                results[p] = self.combine("+", results[p], total)
+        return results
+
+    def accumulate(self, node: ix.Sum, ctxs: list[dict], group: list[_Chunk],
+                   accs: list[k.Var], vectorized: bool, out: list[k.Stmt]) -> None:
+        def step(value: k.Expr | _Chunk, body: list[k.Stmt]) -> None:
+            inner = [{**c, node.index: value} for c in ctxs]
+            if isinstance(node.body, ix.Mul):
+                a = self.value(node.body.a, inner, body)
+                b = self.value(node.body.b, inner, body)
+                for acc, x, y in zip(accs, a, b, strict=True):
+                    body.append(k.Assign(acc, k.Fma(self.widen(x, acc.lanes),
+                                                    self.widen(y, acc.lanes), acc)))
+                return
+            for acc, x in zip(accs, self.value(node.body, inner, body), strict=True):
+                body.append(k.Assign(acc, k.Bin("+", acc, self.widen(x, acc.lanes))))
+
+        uniform = len({(c.width, c.count) for c in group}) == 1 and not group[0].masked
+        if vectorized and uniform and len(group) > self.s.unroll // group[0].width:
+            # a loop over full vectors; chunk starts become a loop variable
+            var = k.Var(f"{self.prefix}{node.index}")
+            body: list[k.Stmt] = []
+            step(_Chunk(var, group[0].width, group[0].width), body)
+            out.append(k.For(var, k.Const(group[0].start),
+                             k.Const(group[-1].start + group[-1].width), group[0].width,
+                             tuple(body)))
+        elif not vectorized and len(group) > self.s.unroll:
+            var = k.Var(f"{self.prefix}{node.index}")
+            body = []
+            step(var, body)
+            out.append(k.For(var, k.Const(0), k.Const(len(group)), 1, tuple(body)))
+        else:
+            for c in group:
+                step(c if vectorized else k.Const(c.start), out)
+
+
+def _zero_padded(n: ix.Node, index: str) -> bool:
+    """True when every additive term of ``n`` reads something indexed by ``index``
+    (so zeros loaded on masked lanes make the whole term zero)."""
+    if isinstance(n, ix.Read):
+        return index in n.index
+    if isinstance(n, ix.Mul):
+        return _zero_padded(n.a, index) or _zero_padded(n.b, index)
+    if isinstance(n, ix.Add):
+        return _zero_padded(n.a, index) and _zero_padded(n.b, index)
+    if isinstance(n, ix.Neg):
+        return _zero_padded(n.x, index)
+    if isinstance(n, ix.Sum):
+        return _zero_padded(n.body, index)
+    return False
+
+
+def _positions(extent: int, step: int) -> Iterator[tuple[int, int]]:
+    for start in range(0, extent, step):
+        yield start, min(step, extent - start)
+
+
+def lower_op(program: ix.Program, op: ix.Op, sched: OpSchedule, isa: Isa,
+             store: dict[str, _Storage], prefix: str) -> list[k.Stmt]:
+    """Statements computing one operation."""
+    gen = _Gen(program, op, sched, isa, store, prefix)
+    out = program.operand(op.out)
+    di, dj = op.dims
+    extent = {di: out.rows, dj: out.cols}
+    st = store[op.out]
+    v = sched.vector
+    stmts: list[k.Stmt] = []
+    if v in extent:
+        if (st.rs, st.cs)[op.dims.index(v)] != 1 and st.scalar_var is None:
+            raise ScheduleError(f"vectorizing output dim {v!r} needs {op.out} contiguous "
+                                "along it")
+        u = dj if v == di else di
+        vchunks = chunks(extent[v], isa.widths(program.dtype))
+        bu, bv = sched.block
+
+        def block(u0: k.Expr, un: int, body: list[k.Stmt]) -> None:
+            for c0 in range(0, len(vchunks), bv):
+                group = vchunks[c0:c0 + bv]
+                ctxs = [{u: u0 + a, v: c} for a in range(un) for c in group]
+                values = gen.value(op.body, ctxs, body)
+                for ctx, val in zip(ctxs, values, strict=True):
+                    c = ctx[v]
+                    r, col = (c.start_expr if x is c else x for x in (ctx[di], ctx[dj]))
+                    count = k.Const(c.count) if c.masked else None
+                    body.append(k.Store(st.buf, st.index(r, col), gen.widen(val, c.width),
+                                        count))
+
+        full = extent[u] - extent[u] % bu
+        if full // bu > max(1, sched.unroll // bu):
+            var = k.Var(f"{prefix}{u}")
+            body: list[k.Stmt] = []
+            block(var, bu, body)
+            stmts.append(k.For(var, k.Const(0), k.Const(full), bu, tuple(body)))
+            if extent[u] > full:
+                block(k.Const(full), extent[u] - full, stmts)
+        else:
+            for u0, un in _positions(extent[u], bu):
+                block(k.Const(u0), un, stmts)
+        return stmts
+    # scalar outputs per position (the lanes, if any, run along a reduction)
+    bu, bv = sched.block
+    for i0, iN in _positions(extent[di], bu):
+        for j0, jN in _positions(extent[dj], bv):
+            ctxs = [{di: k.Const(i0 + a), dj: k.Const(j0 + b)}
+                    for a in range(iN) for b in range(jN)]
+            values = gen.value(op.body, ctxs, stmts)
+            for ctx, val in zip(ctxs, values, strict=True):
+                if st.scalar_var is not None:
+                    raise ScheduleError(f"{op.out} is an input scalar; it cannot be assigned")
+                stmts.append(k.Store(st.buf, st.index(ctx[di], ctx[dj]), val))
+    return stmts
+
+
+def candidates(program: ix.Program, op: ix.Op) -> list[OpSchedule]:
+    """Every schedule worth considering for ``op``: each index on lanes (or none), a few
+    register blocks."""
+    out = program.operand(op.out)
+    names = [op.dims[0], op.dims[1]] + _sum_indices(op.body)
+    result = []
+    for v in [None, *dict.fromkeys(names)]:
+        for block in ((1, 1), (2, 1), (4, 1), (1, 2), (2, 2), (4, 2), (6, 2), (8, 1)):
+            if v in op.dims and out.rows * out.cols == 1:
+                continue
+            result.append(OpSchedule(v, block))
+    return result
+
+
+def _sum_indices(n: ix.Node) -> list[str]:
+    own = [n.index] if isinstance(n, ix.Sum) else []
+    return own + [i for c in ix.children(n) for i in _sum_indices(c)]
+
+
+def all_schedules(program: ix.Program) -> Iterator[tuple[OpSchedule, ...]]:
+    yield from itertools.product(*(candidates(program, op) for op in program.ops))
+
+
+def entry_params(specs: tuple[ArgSpec, ...]) -> tuple[k.Param, ...]:
+    """Entry parameters in spec order: arrays and written scalars by pointer."""
+    return tuple(k.Param(s.name, s.dtype, pointer=s.by_pointer, const=not s.written)
+                 for s in specs)
+
+
+def build_module(program: ix.Program, specs: tuple[ArgSpec, ...],
+                 schedule: tuple[OpSchedule, ...], isa: Isa, name: str) -> k.Module:
+    """The whole program as one exported function; temporaries are local arrays."""
+    if len(schedule) != len(program.ops):
+        raise ScheduleError(f"{len(program.ops)} operations but {len(schedule)} op schedules")
+    store = storages(program, specs)
+    body: list[k.Stmt] = [k.Local(o.name, program.dtype, o.rows * o.cols)
+                          for o in program.operands if o.temporary]
+    for n, (op, sched) in enumerate(zip(program.ops, schedule, strict=True)):
+        body += lower_op(program, op, sched, isa, store, prefix=f"s{n}_")
+    entry = k.Function(name, entry_params(specs), tuple(body), exported=True)
+    return k.Module((entry,), entry=name)
