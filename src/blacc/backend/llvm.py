@@ -12,8 +12,9 @@ meaning ``ir.interp`` gives them, so the backends agree on every program. Choice
   no other fast-math flag is set, so nothing is reassociated;
 * loads and stores carry only the element's alignment, as C's pointers do;
 * matrix values (``MatrixLoad``, ``MatrixMultiply``, ``MatrixStore``) are LLVM's
-  ``llvm.matrix.*`` intrinsics on flat vectors; the multiply carries ``contract`` so that
-  LLVM's lowering may use multiply-adds (as ``llvm.fmuladd`` does for a scalar ``Fma``).
+  ``llvm.matrix.*`` intrinsics on flat vectors; the multiply, and an add of its product to
+  an accumulator, carry ``contract`` so that LLVM's lowering may use multiply-adds (as
+  ``llvm.fmuladd`` does for a scalar ``Fma``).
   LLVM lowers them in its -O3 pipeline only under ``-enable-matrix``, which ``render`` sets
   (once per process) when a module has them.
 
@@ -303,6 +304,8 @@ class _FunctionWriter:
                               "bool", e.lanes)
             return self.value(f"select {pick.typed}, {a.typed}, {b.typed}", a.dtype, a.lanes)
         op = (_FARITH if is_float else _IARITH)[e.op]
+        if is_float and e.op == "+" and any(isinstance(x, k.MatrixMultiply) for x in (e.a, e.b)):
+            op += " contract"  # acc + A@B: the product's last multiply may fuse with the add
         return self.value(f"{op} {a.typed}, {b.ref}", a.dtype, a.lanes)
 
     def mask(self, count: k.Expr, lanes: int) -> _Val:

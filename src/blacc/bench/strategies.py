@@ -40,6 +40,7 @@ import numpy as np
 import numpy.typing as npt
 
 from blacc.bench.timing import measure_interleaved, single_thread
+from blacc.runtime.build import NativeKernel
 from blacc.strategy.gemm import Plan, blis, no_packing, register_tile
 from blacc.target.blocking import blis_blocking
 from blacc.target.isa import GENERIC, Isa
@@ -259,13 +260,25 @@ def inner_repeats(size: int) -> int:
     return max(1, (1 << 22) // size**3)
 
 
-def kernel_call(fn: Any, a: np.ndarray, b: np.ndarray, c: np.ndarray,
+def _arguments(native: NativeKernel, a: np.ndarray, b: np.ndarray,
+               c: np.ndarray) -> list[Any]:
+    """The entry's arguments for C = A @ B (C-ordered arrays), by parameter name, converted
+    to ctypes once; kernels of fixed-size plans take no m, n, k."""
+    (m, k), n = a.shape, b.shape[1]
+    values = {"m": m, "n": n, "k": k, "alpha": 1.0, "beta": 0.0,
+              "A": a.ctypes.data, "A_s0": k, "A_s1": 1, "B": b.ctypes.data, "B_s0": n,
+              "B_s1": 1, "C": c.ctypes.data, "C_s0": n, "C_s1": 1}
+    params = native.module.function(native.module.entry).params
+    types = native.function.argtypes
+    return [t(values[p.name]) for t, p in zip(types, params, strict=True)]
+
+
+def kernel_call(native: NativeKernel, a: np.ndarray, b: np.ndarray, c: np.ndarray,
                 repeats: int = 1) -> Callable[[], int]:
     """C = A @ B through the kernel's ctypes function, arguments converted once; with
     ``repeats`` > 1, one ctypes call runs the kernel that many times in a compiled loop."""
-    (m, k), n = a.shape, b.shape[1]
-    args = (m, n, k, 1.0, a.ctypes.data, k, 1, b.ctypes.data, n, 1, 0.0, c.ctypes.data, n, 1)
-    converted = [t(v) for t, v in zip(fn.argtypes, args, strict=True)]
+    fn = native.function
+    converted = _arguments(native, a, b, c)
     if repeats == 1:
         return functools.partial(fn, *converted)
     driver = _repeat_driver(tuple(fn.argtypes))
@@ -286,17 +299,37 @@ def measure_overheads(backends: Sequence[str], timing: Timing) -> dict[str, floa
     y = np.zeros((0, 0), _NP_DTYPE)
     out = {}
     for backend in backends:
-        fn = _compile(Candidate("", NAIVE, backend, naive_plan(), GENERIC))
-        out[backend] = _overhead_s(kernel_call(fn, y, y, y), timing)
+        native = _native(Candidate("", NAIVE, backend, naive_plan(), GENERIC))
+        out[backend] = _overhead_s(kernel_call(native, y, y, y), timing)
     out["numpy"] = _overhead_s(lambda: np.matmul(x, x, out=x), timing)
     return out
 
 
-def _compile(cand: Candidate) -> Any:
+@functools.cache
+def _matrix_kernel(plan: Plan, isa: Isa, backend: str) -> NativeKernel:
+    """Build an intrinsic plan: its own contraction (fixed-size for Intrinsic) and the
+    matrix-intrinsic lowering (expanded generically for backends other than LLVM)."""
+    from blacc.runtime.build import build
+    from blacc.transform.apply import apply
+    from blacc.transform.pipeline import lower
+
+    module = importlib.import_module("blacc.strategy.intrinsic")
+    name = f"blacc_gemm_{DTYPE}_{plan.strategy.replace('-', '_')}"
+    scheduled = apply(module.plan_contraction(plan, DTYPE), plan.schedule, name=name,
+                      known_strides=dict(plan.known_strides))
+    final, _ = lower(scheduled, isa, backend=backend, matrix_kr=module.matrix_kr(plan))
+    return build(final, isa, backend=backend)
+
+
+def _native(cand: Candidate) -> NativeKernel:
+    """The compiled kernel of a candidate (memoized by blacc's caches)."""
     from blacc.runtime.gemm import gemm_kernel
 
     assert cand.plan is not None and cand.isa is not None
-    return gemm_kernel(DTYPE, cand.plan, cand.isa, cand.backend).native.function
+    module, _ = _intrinsic_module()
+    if module is not None and cand.plan.strategy in getattr(module, "MATRIX_STRATEGIES", ()):
+        return _matrix_kernel(cand.plan, cand.isa, cand.backend)
+    return gemm_kernel(DTYPE, cand.plan, cand.isa, cand.backend).native
 
 
 @dataclass
@@ -317,7 +350,7 @@ def _prepare(cand: Candidate, a: np.ndarray, b: np.ndarray, c: np.ndarray,
         repeats = 1
     else:
         try:
-            fn = kernel_call(_compile(cand), a, b, c, repeats)
+            fn = kernel_call(_native(cand), a, b, c, repeats)
         except Exception as exc:  # a strategy that cannot build here is reported, not fatal
             return _Prepared(cand, None, repeats, False, math.nan,
                              f"{type(exc).__name__}: {exc}")

@@ -28,10 +28,12 @@ def dtype_name(dtype: object) -> str:
     """'f32' or 'f64' for 'f32', 'f64', 'float32', 'float64', np.float32, np.dtype('f8'), ..."""
     if isinstance(dtype, str) and dtype in DTYPES:
         return dtype
-    try:
-        d = np.dtype(dtype)  # type: ignore[call-overload]
-    except (TypeError, ValueError):
-        d = None
+    d = None
+    if dtype is not None:  # np.dtype(None) would be float64
+        try:
+            d = np.dtype(dtype)  # type: ignore[call-overload]
+        except (TypeError, ValueError):
+            pass
     if d == np.float32:
         return "f32"
     if d == np.float64:

@@ -72,10 +72,14 @@ def intrinsic(m: int, n: int, k: int, mr: int | None = None, nr: int | None = No
     return Plan(INTRINSIC, params, _register_tile(mr, nr, lanes), UNIT_STRIDES)
 
 
-def tiling_intrinsic(mr: int, nr: int, kr: int, *, mc: int | None = None,
+def tiling_intrinsic(mr: int, nr: int, kr: int = 1, *, mc: int | None = None,
                      kc: int | None = None, nc: int | None = None, lanes: int = 1) -> Plan:
     """The "Tiling" strategy: loops over ``mr x nr`` register tiles (inside nc / kc / mc
-    blocks where given, Goto's order without packing), each tile ``ceil(k/kr)`` calls."""
+    blocks where given, Goto's order without packing), each tile a loop of intrinsic calls
+    of ``kr`` reduction steps. ``kr=1`` (a rank-1 update per call, like POWER10's f32 MMA
+    instruction) lets LLVM fuse each product into the accumulator: the loop is the
+    outer-product micro kernel. With ``kr > 1`` LLVM sums each product apart and then adds
+    it, which costs adds and registers."""
     _positive(mr=mr, nr=nr, kr=kr, mc=mc, kc=kc, nc=nc, lanes=lanes)
     blocks = [Tile(((dim, size),)) for dim, size in (("j", nc), ("k", kc), ("i", mc)) if size]
     params = (("mr", mr), ("nr", nr), ("kr", kr),

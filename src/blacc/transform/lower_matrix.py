@@ -148,23 +148,23 @@ def _acc(shape: _Shape) -> k.Var:
     return k.Var("macc", shape.dtype, shape.mr * shape.nr)
 
 
-def _update(mma: k.TileMMA, shape: _Shape, p: k.Expr, inner: int) -> k.Stmt:
-    """macc += B^T[:, p:p+inner] @ A^T[p:p+inner, :]."""
+def _update(mma: k.TileMMA, shape: _Shape, p: k.Expr, inner: int,
+            first: bool = False) -> k.Stmt:
+    """macc += B^T[:, p:p+inner] @ A^T[p:p+inner, :] (``first``: macc = ...)."""
     b = k.MatrixLoad(mma.b.buf, mma.b.at(p, 0), mma.b.rs, shape.nr, inner, shape.dtype)
     a = k.MatrixLoad(mma.a.buf, mma.a.at(0, p), mma.a.rs, inner, shape.mr, shape.dtype)
-    acc = _acc(shape)
-    return k.Assign(acc, k.Bin("+", acc, k.MatrixMultiply(b, a, shape.nr, inner, shape.mr)))
+    acc, product = _acc(shape), k.MatrixMultiply(b, a, shape.nr, inner, shape.mr)
+    return k.Decl(acc, product) if first else k.Assign(acc, k.Bin("+", acc, product))
 
 
 def _k_steps(mma: k.TileMMA, shape: _Shape, kr: int) -> list[k.Stmt]:
-    zero = k.Decl(_acc(shape), k.Broadcast(k.Const(0.0, shape.dtype), shape.mr * shape.nr))
     kc = mma.k
     if isinstance(kc, k.Const) and int(kc.value) // kr <= MAX_UNROLLED_STEPS:
         steps, rem = divmod(int(kc.value), kr)
-        updates = [_update(mma, shape, k.Const(q * kr), kr) for q in range(steps)]
-        if rem:
-            updates.append(_update(mma, shape, k.Const(steps * kr), rem))
-        return [zero, *updates]
+        blocks = [(q * kr, kr) for q in range(steps)] + ([(steps * kr, rem)] if rem else [])
+        return [_update(mma, shape, k.Const(p), inner, first=n == 0)
+                for n, (p, inner) in enumerate(blocks)]
+    zero = k.Decl(_acc(shape), k.Broadcast(k.Const(0.0, shape.dtype), shape.mr * shape.nr))
     p, main = k.Var("pm"), k.Var("kmain_m")
     return [zero,
             k.Decl(main, kc - k.Bin("%", kc, k.Const(kr))),

@@ -1,0 +1,186 @@
+"""The public API for fixed-size programs of the expression language: compile, emit.
+
+    k = blacc.compile("y = alpha*A*x + y", A=blacc.Matrix(5, 9, "f32"),
+                      x=blacc.Vector(9, "f32"), y=blacc.Vector(5, "f32"),
+                      alpha=blacc.Scalar("f32"))
+    k(A=A, x=x, y=y, alpha=2.0)            # y updated in place and returned
+    blacc.emit("y = A*x", output="matvec", A=blacc.Matrix(4, 4), x=..., y=...)
+
+The pipeline: parse -> type check (frontend) -> index notation with fusion
+(transform.index_notation) -> schedule choice (strategy.small) -> vectorized kernel
+IR (transform.blac) -> C (backend.c) -> a CPython extension (runtime.pycall) or a
+standalone .c/.h pair.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .backend import c as c_backend
+from .errors import ArgumentError
+from .frontend import TypedProgram, check, parse, to_program
+from .frontend.types import Decl
+from .ir import indexed as ix
+from .ir import kernel as k
+from .runtime.gemm import host_target
+from .runtime.signature import ArgSpec
+from .strategy.small import choose
+from .target.isa import AVX2, GENERIC, Isa
+from .transform.blac import OpSchedule, build_module
+from .transform.index_notation import arg_specs, to_indexed
+
+_IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
+TARGETS = {"host": None, "avx2": AVX2, "generic": GENERIC}
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Everything decided for one program: typed program, index form, schedule, IR."""
+
+    typed: TypedProgram
+    indexed: ix.Program
+    specs: tuple[ArgSpec, ...]
+    schedule: tuple[OpSchedule, ...]
+    module: k.Module
+    isa: Isa
+
+    @property
+    def source(self) -> str:
+        return c_backend.render(self.module, self.isa)
+
+
+def _typed(program: object, operands: Mapping[str, Decl]) -> TypedProgram:
+    if isinstance(program, str):
+        return check(parse(program), operands)
+    if isinstance(program, Mapping):
+        ast, decls = to_program(program, operands)
+        return check(ast, decls)
+    raise ArgumentError("a program is source text, or a dict {output name: expression} "
+                        f"built with operators, not {type(program).__name__}")
+
+
+def _isa(target: str | Isa | None) -> Isa:
+    if isinstance(target, Isa):
+        return target
+    name = target or "host"
+    if name not in TARGETS:
+        raise ArgumentError(f"unknown target {name!r}: choose one of {', '.join(TARGETS)}")
+    return TARGETS[name] or host_target().isa
+
+
+def plan(program: object, *, name: str = "blac_kernel", target: str | Isa | None = None,
+         search: str = "model", measure_with: object = None,
+         **operands: Decl) -> Plan:
+    """Decide how to compute ``program``: see ``compile``. ``measure_with`` is used by the
+    measuring searches (a callable schedule -> seconds)."""
+    if not _IDENT.fullmatch(name) or name.startswith(("blacc_", "__")):
+        raise ArgumentError(f"kernel name {name!r} is not a valid C identifier for blacc")
+    typed = _typed(program, operands)
+    indexed = to_indexed(typed)
+    specs = arg_specs(typed)
+    isa = _isa(target)
+    schedule = choose(indexed, specs, isa, search=search, measure=measure_with)
+    module = build_module(indexed, specs, schedule, isa, name)
+    return Plan(typed, indexed, specs, schedule, module, isa)
+
+
+def compile(program: object, *, search: str = "model", name: str = "blac_kernel",
+            **operands: Decl):
+    """Compile a fixed-size program into a kernel callable with NumPy arrays.
+
+    ``program``: source text (``"y = A*x + y"``, statements separated by newlines or
+    ';') or ``{"y": A @ x + y}`` built from the declarations with operators. Operands
+    are declared by keyword: ``A=blacc.Matrix(5, 9, 'f32')``, ``x=blacc.Vector(9, 'f32')``,
+    ``alpha=blacc.Scalar('f32')``. ``search``: 'model' (default: a cost model, nothing
+    measured), 'exhaustive' or 'random' (compile candidates, time them, keep the
+    fastest). The kernel takes operands by name; array outputs are written in place
+    (allocated when omitted) and scalar outputs returned."""
+    from .runtime.pycall import FixedKernel
+
+    measure = None
+    if search != "model":
+        measure = _measurer(program, name, operands)
+    chosen = plan(program, name=name, search=search, measure_with=measure, **operands)
+    return FixedKernel.build(chosen.source, name, chosen.specs, flags=chosen.isa.flags)
+
+
+def _measurer(program: object, name: str, operands: Mapping[str, Decl]):
+    """Time a candidate schedule: compile it and call it on random operands."""
+    from .runtime.pycall import FixedKernel
+
+    typed = _typed(program, operands)
+    indexed, specs, isa = to_indexed(typed), arg_specs(typed), host_target().isa
+    rng = np.random.default_rng(0)
+    dt = np.float32 if typed.dtype == "f32" else np.float64
+    args = [rng.uniform(-1, 1, (s.rows, s.cols)).astype(dt) if s.kind == "array" else 0.5
+            for s in specs]
+
+    def measure(schedule: tuple[OpSchedule, ...]) -> float:
+        module = build_module(indexed, specs, schedule, isa, name)
+        kern = FixedKernel.build(c_backend.render(module, isa), name, specs, flags=isa.flags)
+        fast = kern.fast
+        best = float("inf")
+        for _ in range(5):
+            t0 = time.perf_counter()
+            for _ in range(2000):
+                fast(*args)
+            best = min(best, time.perf_counter() - t0)
+        return best
+
+    return measure
+
+
+def emit(program: object, output: str | Path, *, name: str | None = None,
+         target: str = "host", search: str = "model", **operands: Decl) -> tuple[Path, Path]:
+    """Write ``output.c`` and ``output.h``: one C function computing ``program`` with no
+    dependency on blacc. Returns the two paths. ``target``: 'host' (this machine's
+    intrinsics), 'avx2', or 'generic' (plain C99 for any compiler)."""
+    out = Path(output)
+    fname = name or re.sub(r"\W", "_", out.stem)
+    p = plan(program, name=fname, target=target, search=search, **operands)
+    header, source = standalone_c(p)
+    c_path, h_path = out.with_suffix(".c"), out.with_suffix(".h")
+    h_path.write_text(header, encoding="utf-8")
+    c_path.write_text(f'#include "{h_path.name}"\n' + source, encoding="utf-8")
+    return c_path, h_path
+
+
+def _param_doc(s: ArgSpec) -> str:
+    role = {"in": "input", "out": "output", "inout": "input and output"}[s.role]
+    if s.kind == "scalar":
+        how = "by value" if s.role == "in" else "by pointer to one element"
+        return f"{s.name}: scalar, {role}, {how}"
+    if s.cols == 1 or s.rows == 1:
+        return f"{s.name}: vector of {s.rows * s.cols} contiguous elements, {role}"
+    order = "row-major" if s.layout == "row" else "column-major"
+    return (f"{s.name}: {s.rows}x{s.cols} matrix, {role}, {order}, "
+            f"leading dimension {s.leading_dimension}")
+
+
+def standalone_c(p: Plan) -> tuple[str, str]:
+    """(header, source) of the standalone kernel."""
+    entry = p.module.function(p.module.entry)
+    signature = c_backend.signature(entry)
+    guard = f"{entry.name.upper()}_H"
+    doc = "\n".join(f" *   {_param_doc(s)}" for s in p.specs)
+    isa_note = ("plain C99" if not p.isa.header else
+                f"needs <{p.isa.header}> and {' '.join(p.isa.flags)}")
+    header = (f"/* Generated by blacc: {' ; '.join(_statement_text(p.typed))}\n"
+              f" * element type {p.typed.dtype}; {isa_note}.\n"
+              f" * Parameters (pointers must not overlap unless noted):\n{doc}\n"
+              f" * Returns 0.\n */\n"
+              f"#ifndef {guard}\n#define {guard}\n\n#include <stdint.h>\n\n"
+              f"{signature};\n\n#endif\n")
+    return header, c_backend.render(p.module, p.isa)
+
+
+def _statement_text(typed: TypedProgram) -> list[str]:
+    from .frontend.typed import format_texpr
+
+    return [f"{s.target} = {format_texpr(s.expr)}" for s in typed.statements]

@@ -1,0 +1,123 @@
+"""From a typed BLAC program (frontend) to index notation (ir.indexed), fusing.
+
+Each statement becomes one operation computing its output element by element;
+products become sums over a fresh index (LGen's Table 2 rules in index form):
+
+    [a + b](i,j) = a(i,j) + b(i,j)        [a'](i,j) = a(j,i)
+    [s * a](i,j) = s * a(i,j)             [a * b](i,j) = sum_k a(i,k) * b(k,j)
+
+so ``beta = (A*x + alpha*y)'*z + beta`` is one pass. A product's operand that itself
+contains a product is recomputed for every output element it meets; when that
+happens more than once (the other output dimension is longer than 1) it is
+computed once into a temporary instead — the only temporaries made.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..frontend import typed as t
+from ..ir import indexed as ix
+from ..runtime.signature import ARRAY, IN, INOUT, OUT, SCALAR, ArgSpec
+
+
+@dataclass
+class _State:
+    ops: list[ix.Op] = field(default_factory=list)
+    temps: list[ix.Operand] = field(default_factory=list)
+    counter: int = 0
+
+    def fresh_index(self) -> str:
+        self.counter += 1
+        return f"k{self.counter}"
+
+
+def _has_product(e: t.TExpr) -> bool:
+    return any(isinstance(n, t.TMul) and n.op != "scale" for n in t.walk(e))
+
+
+def _lower(e: t.TExpr, at: tuple[ix.IndexRef, ix.IndexRef], extents: dict[str, int],
+           st: _State) -> ix.Node:
+    r, c = at
+    if isinstance(e, t.TNum):
+        return ix.Lit(e.value)
+    if isinstance(e, t.TRef):
+        return ix.Read(e.name, (r if e.rows > 1 else 0, c if e.cols > 1 else 0))
+    if isinstance(e, t.TNeg):
+        return ix.Neg(_lower(e.x, at, extents, st))
+    if isinstance(e, t.TTranspose):
+        return _lower(e.x, (c, r), extents, st)
+    if isinstance(e, t.TAdd):
+        return ix.Add(_lower(e.a, at, extents, st), _lower(e.b, at, extents, st))
+    if isinstance(e, t.TSub):
+        return ix.Add(_lower(e.a, at, extents, st), ix.Neg(_lower(e.b, at, extents, st)))
+    if isinstance(e, t.TMul):
+        if e.op == "scale":
+            a_at = (0, 0) if e.a.shape == (1, 1) else at
+            b_at = (0, 0) if e.b.shape == (1, 1) else at
+            return ix.Mul(_lower(e.a, a_at, extents, st), _lower(e.b, b_at, extents, st))
+        inner = e.a.cols
+        kk: ix.IndexRef = st.fresh_index() if inner > 1 else 0
+        inner_extents = {**extents, kk: inner} if isinstance(kk, str) else extents
+        # a(i,k) is met once per output column, b(k,j) once per output row
+        a = _operand(e.a, (r, kk), reuse=_extent(c, extents) > 1, extents=inner_extents, st=st)
+        b = _operand(e.b, (kk, c), reuse=_extent(r, extents) > 1, extents=inner_extents, st=st)
+        body = ix.Mul(a, b)
+        return ix.Sum(kk, inner, body) if isinstance(kk, str) else body
+    raise TypeError(f"cannot lower {type(e).__name__}")
+
+
+def _extent(index: ix.IndexRef, extents: dict[str, int]) -> int:
+    return extents.get(index, 1) if isinstance(index, str) else 1
+
+
+def _operand(e: t.TExpr, at: tuple[ix.IndexRef, ix.IndexRef], *, reuse: bool,
+             extents: dict[str, int], st: _State) -> ix.Node:
+    if not (reuse and _has_product(e)):
+        return _lower(e, at, extents, st)
+    name = f"t{len(st.temps)}"
+    st.temps.append(ix.Operand(name, e.rows, e.cols, temporary=True))
+    st.ops.append(_op(name, e, st))
+    return ix.Read(name, (at[0] if e.rows > 1 else 0, at[1] if e.cols > 1 else 0))
+
+
+def _op(target: str, e: t.TExpr, st: _State) -> ix.Op:
+    extents = {"i": e.rows, "j": e.cols}
+    at = ("i" if e.rows > 1 else 0, "j" if e.cols > 1 else 0)
+    body = _lower(e, at, extents, st)
+    return ix.Op(target, ("i", "j"), body)
+
+
+def to_indexed(program: t.TypedProgram) -> ix.Program:
+    """The program in index notation, one operation per statement plus temporaries."""
+    st = _State()
+    for stmt in program.statements:
+        op = _op(stmt.target, stmt.expr, st)
+        st.ops.append(op)
+    operands = [ix.Operand(n, *_shape(program, n)) for n in program.operands]
+    return ix.Program((*operands, *st.temps), tuple(st.ops), program.dtype)
+
+
+def _shape(program: t.TypedProgram, name: str) -> tuple[int, int]:
+    return program.decls[name].shape
+
+
+def arg_specs(program: t.TypedProgram) -> tuple[ArgSpec, ...]:
+    """The kernel's parameters: inputs, then outputs that are not inputs (see
+    TypedProgram.operands); outputs also read are 'inout'."""
+    specs = []
+    for name in program.operands:
+        d = program.decls[name]
+        rows, cols = _shape(program, name)
+        if name not in program.outputs:
+            role = IN
+        elif name in program.inputs or any(s.reads_output and s.target == name
+                                          for s in program.statements):
+            role = INOUT
+        else:
+            role = OUT
+        kind = SCALAR if d.kind == "scalar" else ARRAY
+        layout = getattr(d, "layout", "row")
+        specs.append(ArgSpec(name, kind, program.dtype, role, rows, cols, layout,
+                             getattr(d, "ld", None)))
+    return tuple(specs)
