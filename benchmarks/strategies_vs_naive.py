@@ -45,8 +45,8 @@ def _groups(args: argparse.Namespace) -> dict[str, tuple[int, ...]]:
     return dict(groups)
 
 
-def _notes(timing: Timing, baseline: str, overheads: dict[str, float],
-           direct: bool) -> list[str]:
+def _notes(timing: Timing, baseline: str, overheads: dict[str, float], direct: bool,
+           intrinsic_max: int) -> list[str]:
     """What the reader must know to interpret the numbers."""
     ctypes_cost = ", ".join(f"{b} {s * 1e6:.2f} us" for b, s in overheads.items() if b != "numpy")
     calls = ("one ctypes call per kernel call" if direct else
@@ -65,8 +65,14 @@ def _notes(timing: Timing, baseline: str, overheads: dict[str, float],
         f"calls slower than {timing.slow_call_s:g} s (naive loops at large sizes) are timed "
         f"apart: median of up to {timing.slow_samples} call(s) within "
         f"{timing.slow_budget_s:g} s, the verified call counted",
-        "Intrinsic on the C backend runs blacc's generic lowering of the intrinsic (the "
-        "llvm.matrix.multiply intrinsic exists only in LLVM)",
+        f"Intrinsic = the whole product as one fully unrolled N x N x N matrix-intrinsic "
+        f"call (the seed's definition); its compile time grows with N^3, so it runs only up "
+        f"to N = {intrinsic_max} (--intrinsic-max)",
+        "Tiling+Intrinsic = the seed's Tiling: Goto's mc/kc/nc blocks, no packing, register "
+        "tiles as intrinsic calls; Tiling = blacc's no_packing (register tiles of outer "
+        "products, no cache blocks); Tiling+Packing = blacc's blis",
+        "on the C backend the intrinsic strategies run blacc's generic lowering of the "
+        "intrinsic (llvm.matrix.multiply exists only in LLVM)",
     ]
     skipped = intrinsic_status()
     if skipped:
@@ -86,10 +92,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="folder for JSON + plots")
     parser.add_argument("--direct", action="store_true",
                         help="one ctypes call per kernel call (no compiled repeat loop)")
+    parser.add_argument("--intrinsic-max", type=int, metavar="N",
+                        help="largest size for Intrinsic (default 32; 16 with --quick)")
     parser.add_argument("--no-plots", action="store_true", help="skip matplotlib figures")
     args = parser.parse_args(argv)
 
     timing = QUICK_TIMING if args.quick else FULL_TIMING
+    intrinsic_max = args.intrinsic_max or (16 if args.quick else 32)
     baseline = args.baseline or f"naive[{args.backends[0]}]"
     skipped = intrinsic_status()
     if skipped:
@@ -97,18 +106,23 @@ def main(argv: list[str] | None = None) -> int:
     overheads = measure_overheads(args.backends, timing)
     results = run_strategies(
         _groups(args), backends=args.backends, timing=timing, baseline=baseline,
-        direct=args.direct, progress=_progress)
+        direct=args.direct, intrinsic_max=intrinsic_max, progress=_progress)
     tgt = host_target()
     machine = f"{tgt.machine.name} ({tgt.isa.name})"
-    notes = _notes(timing, baseline, overheads, args.direct)
+    notes = _notes(timing, baseline, overheads, args.direct, intrinsic_max)
     print(f"SGEMM strategies vs naive loops on {machine}\n")
     print(format_tables(results))
     print("\n".join(f"note: {n}" for n in notes))
+    builds = [f"{r.key} N={r.size}: {r.build_s:.1f} s" for r in results
+              if r.strategy == "Intrinsic" and r.build_s == r.build_s]
+    if builds:
+        print("note: Intrinsic build times this run (cold unless cached): " + ", ".join(builds))
     args.out.mkdir(parents=True, exist_ok=True)
     meta = {"machine": tgt.machine.to_dict(), "isa": tgt.isa.name, "dtype": "float32",
             "baseline": baseline, "call_overhead_s": overheads,
             "calls": "direct ctypes" if args.direct else "compiled repeat loop", "notes": notes,
-            "mode": "quick" if args.quick else "full" if args.full else "default"}
+            "mode": "quick" if args.quick else "full" if args.full else "default",
+            "intrinsic_max": intrinsic_max}
     json_path = args.out / "strategies.json"
     json_path.write_text(results_to_json(results, meta) + "\n", encoding="utf-8")
     print(f"\nwrote {json_path}")

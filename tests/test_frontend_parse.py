@@ -181,7 +181,7 @@ _TREES = st.recursive(
     lambda kids: st.one_of(
         kids.map(Neg), kids.map(Transpose),
         st.builds(Add, kids, kids), st.builds(Sub, kids, kids), st.builds(Mul, kids, kids)),
-    max_leaves=25)
+    max_leaves=15)
 
 
 def _full(e, caret: bool) -> str:
@@ -198,14 +198,14 @@ def _full(e, caret: bool) -> str:
     return f"({_full(e.a, caret)} {op} {_full(e.b, caret)})"
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(tree=_TREES, caret=st.booleans())
 def test_fully_parenthesized_trees_reparse(tree, caret):
     assert expr(_full(tree, caret)) == tree
 
 
-@settings(max_examples=150, deadline=None)
-@given(trees=st.lists(_TREES, min_size=1, max_size=4))
+@settings(max_examples=100, deadline=None)
+@given(trees=st.lists(_TREES, min_size=1, max_size=3))
 def test_minimal_printing_reparses_and_positions_point_at_names(trees):
     program = Program(tuple(Assign(f"out{i}", t) for i, t in enumerate(trees)))
     parsed = parse(format_program(program))

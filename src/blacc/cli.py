@@ -74,6 +74,22 @@ def build_parser() -> argparse.ArgumentParser:
                        help="code generator: system C compiler, LLVM JIT, or auto "
                        "(default: $BLACC_BACKEND or auto)")
 
+    emit = sub.add_parser(
+        "emit",
+        help="write a standalone C function for a fixed-size program",
+        description="Compile a program of the expression language (e.g. 'y = A*x + y') "
+        "into OUT.c and OUT.h: one C function with no dependency on blacc.",
+    )
+    emit.add_argument("source", help="the program, e.g. \"y = alpha*A*x + y\"")
+    emit.add_argument("--decl", action="append", default=[], metavar="NAME=KIND(...)",
+                      help="an operand: A=Matrix(5,9[,layout=col][,ld=12]), x=Vector(9), "
+                      "alpha=Scalar; repeat for each operand")
+    emit.add_argument("--dtype", choices=("f32", "f64"), default="f64")
+    emit.add_argument("-o", "--output", required=True, help="output path without suffix")
+    emit.add_argument("--name", help="the C function's name (default: from --output)")
+    emit.add_argument("--target", choices=("host", "avx2", "generic"), default="host",
+                      help="instruction set: this machine's, AVX2+FMA, or plain C99")
+
     info = sub.add_parser("info", help="show the detected machine and C compiler")
     info.add_argument("--peak", action="store_true", help="also measure peak flops/s")
     return parser
@@ -155,7 +171,18 @@ def _info(args: argparse.Namespace) -> int:
     return 0
 
 
-_COMMANDS = {"bench": _bench, "explain": _explain, "info": _info}
+def _emit(args: argparse.Namespace) -> int:
+    import blacc
+    from blacc.frontend.declare import parse_declaration
+
+    operands = dict(parse_declaration(text, args.dtype) for text in args.decl)
+    c_path, h_path = blacc.emit(args.source, args.output, name=args.name, target=args.target,
+                                **operands)
+    print(f"wrote {c_path} and {h_path}")
+    return 0
+
+
+_COMMANDS = {"bench": _bench, "explain": _explain, "emit": _emit, "info": _info}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

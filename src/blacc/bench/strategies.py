@@ -42,7 +42,7 @@ import numpy.typing as npt
 from blacc.bench.timing import measure_interleaved, single_thread
 from blacc.runtime.build import NativeKernel
 from blacc.strategy.gemm import Plan, blis, no_packing, register_tile
-from blacc.target.blocking import blis_blocking
+from blacc.target.blocking import Blocking, blis_blocking
 from blacc.target.isa import GENERIC, Isa
 from blacc.transform.schedule import Tile
 
@@ -67,8 +67,8 @@ NAIVE, INTRINSIC, TILING_INTRINSIC = "Naive", "Intrinsic", "Tiling+Intrinsic"
 TILING, PACKING, NUMPY = "Tiling", "Tiling+Packing", "NumPy"
 STRATEGY_ORDER = (NAIVE, INTRINSIC, TILING_INTRINSIC, TILING, PACKING, NUMPY)
 
-#: The seed's micro-tile of the intrinsic (mr, nr, kr) on x86 (Section 4.1).
-INTRINSIC_TILE = (16, 4, 64)
+#: Reduction steps per intrinsic call in Tiling+Intrinsic (blacc's k unroll).
+INTRINSIC_KR = 4
 
 DTYPE = "f32"
 _NP_DTYPE = np.float32
@@ -100,6 +100,7 @@ class Candidate:
     backend: str  # "c", "llvm" or "numpy"
     plan: Plan | None
     isa: Isa | None
+    error: str = ""  # why it cannot be built (then plan is None)
 
 
 @dataclass(frozen=True)
@@ -118,6 +119,7 @@ class Result:
     calls_timed: int  # samples (interleaved) or calls (timed apart)
     interleaved: bool
     inner_repeats: int  # kernel calls per ctypes call (1 for NumPy and direct calls)
+    build_s: float  # seconds to get the kernel: a cold compile, or a cache hit
     error: str = ""
 
 
@@ -138,12 +140,18 @@ def tiling_plan(isa: Isa) -> Plan:
                 no_packing(mr, nr, ku, lanes), strides)
 
 
-def packing_plan(isa: Isa) -> Plan:
-    """Seed's Tiling+Packing: the BLIS layers with the machine model's blocking."""
+def _blocking(isa: Isa) -> Blocking:
+    """mc, kc, nc of the host's caches for the register tile of ``isa``."""
     from blacc.runtime.gemm import host_target
 
+    mr, nr, _ = register_tile(DTYPE, isa)
+    return blis_blocking(host_target().machine, dtype_size=4, mr=mr, nr=nr)
+
+
+def packing_plan(isa: Isa) -> Plan:
+    """Seed's Tiling+Packing: the BLIS layers with the machine model's blocking."""
     mr, nr, lanes = register_tile(DTYPE, isa)
-    blk = blis_blocking(host_target().machine, dtype_size=4, mr=mr, nr=nr)
+    blk = _blocking(isa)
     params = (("mc", blk.mc), ("kc", blk.kc), ("nc", blk.nc), ("mr", mr), ("nr", nr), ("ku", 4))
     return Plan("blis", params, blis(blk.mc, blk.kc, blk.nc, mr, nr, 4, lanes), (("C_s1", 1),))
 
@@ -168,26 +176,43 @@ def intrinsic_status() -> str:
     return ""
 
 
-def intrinsic_plans(size: int) -> dict[str, Plan]:
-    """{label: plan} for the intrinsic strategies the module offers at M = N = K = size."""
+def intrinsic_plans(size: int, isa: Isa, intrinsic_max: int) -> dict[str, Plan | str]:
+    """{label: plan, or why there is none} for the intrinsic strategies at M = N = K = size.
+
+    Intrinsic is the seed's single ``size x size x size`` intrinsic call, fully unrolled,
+    so its compile time grows with size**3: only up to ``intrinsic_max``. Tiling+Intrinsic
+    is the seed's Tiling: Goto's mc/kc/nc blocks without packing around register tiles
+    that are intrinsic calls of ``INTRINSIC_KR`` reduction steps.
+    """
     module, _ = _intrinsic_module()
     if module is None:
         return {}
-    mr, nr, kr = INTRINSIC_TILE
-    plans: dict[str, Plan] = {}
-    for label, name in ((INTRINSIC, "intrinsic"), (TILING_INTRINSIC, "tiling_intrinsic")):
-        make = getattr(module, name, None)
-        if make is not None:
-            plans[label] = make(size, size, size, mr, nr, kr)
+    mr, nr, lanes = register_tile(DTYPE, isa)
+    blk = _blocking(isa)
+    makers: dict[str, Callable[[], Plan]] = {
+        TILING_INTRINSIC: lambda: module.tiling_intrinsic(
+            mr, nr, INTRINSIC_KR, mc=blk.mc, kc=blk.kc, nc=blk.nc, lanes=lanes)}
+    if size <= intrinsic_max:
+        makers = {INTRINSIC: lambda: module.intrinsic(size, size, size, lanes=lanes), **makers}
+    plans: dict[str, Plan | str] = {}
+    for label, make in makers.items():
+        try:
+            plans[label] = make()
+        except Exception as exc:  # an API under construction: report, do not crash
+            plans[label] = f"{type(exc).__name__}: {exc}"
     return plans
 
 
-def candidates(size: int, backends: Sequence[str], isa: Isa) -> list[Candidate]:
+def candidates(size: int, backends: Sequence[str], isa: Isa,
+               intrinsic_max: int = 32) -> list[Candidate]:
     """Everything timed at one size: each strategy on each backend, then NumPy."""
-    plans: list[tuple[str, Plan, Isa]] = [(NAIVE, naive_plan(), GENERIC)]
-    plans += [(label, plan, isa) for label, plan in intrinsic_plans(size).items()]
+    plans: list[tuple[str, Plan | str, Isa]] = [(NAIVE, naive_plan(), GENERIC)]
+    plans += [(label, plan, isa) for label, plan in intrinsic_plans(size, isa,
+                                                                     intrinsic_max).items()]
     plans += [(TILING, tiling_plan(isa), isa), (PACKING, packing_plan(isa), isa)]
-    out = [Candidate(f"{label.lower()}[{backend}]", label, backend, plan, plan_isa)
+    out = [Candidate(f"{label.lower()}[{backend}]", label, backend,
+                     plan if isinstance(plan, Plan) else None, plan_isa,
+                     plan if isinstance(plan, str) else "")
            for label, plan, plan_isa in plans for backend in backends]
     return [*out, Candidate("numpy", NUMPY, "numpy", None, None)]
 
@@ -339,28 +364,36 @@ class _Prepared:
     repeats: int  # kernel calls per call of fn
     verified: bool
     first_s: float  # seconds per kernel call of the verified run
+    build_s: float = math.nan
     error: str = ""
 
 
 def _prepare(cand: Candidate, a: np.ndarray, b: np.ndarray, c: np.ndarray,
              check: Callable[[np.ndarray], bool], repeats: int) -> _Prepared:
-    """Compile, run once on a NaN-filled C (timed) and verify."""
+    """Compile (timed: cold, or from blacc's caches), run once on a NaN-filled C (timed)
+    and verify."""
+    build_s = 0.0
+    if cand.error:
+        return _Prepared(cand, None, repeats, False, math.nan, error=cand.error)
     if cand.backend == "numpy":
         fn: Callable[[], Any] = lambda: np.matmul(a, b, out=c)  # noqa: E731
         repeats = 1
     else:
+        start = time.perf_counter()
         try:
             fn = kernel_call(_native(cand), a, b, c, repeats)
         except Exception as exc:  # a strategy that cannot build here is reported, not fatal
             return _Prepared(cand, None, repeats, False, math.nan,
-                             f"{type(exc).__name__}: {exc}")
+                             error=f"{type(exc).__name__}: {exc}")
+        build_s = time.perf_counter() - start
     c.fill(np.nan)
     start = time.perf_counter()
     status = fn()
     first = (time.perf_counter() - start) / repeats
     if cand.backend != "numpy" and status != 0:
-        return _Prepared(cand, None, repeats, False, first, f"kernel returned status {status}")
-    return _Prepared(cand, fn, repeats, check(c), first)
+        return _Prepared(cand, None, repeats, False, first, build_s,
+                         f"kernel returned status {status}")
+    return _Prepared(cand, fn, repeats, check(c), first, build_s)
 
 
 def _time_apart(p: _Prepared, timing: Timing) -> list[float]:
@@ -395,7 +428,7 @@ def _measure(prepared: Sequence[_Prepared], timing: Timing) -> dict[str, tuple[f
 
 
 def run_size(group: str, size: int, backends: Sequence[str], isa: Isa, timing: Timing,
-             baseline: str, direct: bool = False) -> list[Result]:
+             baseline: str, direct: bool = False, intrinsic_max: int = 32) -> list[Result]:
     """Verify and time every candidate at M = N = K = ``size``."""
     rng = np.random.default_rng(size)
     a = rng.uniform(-1.0, 1.0, (size, size)).astype(_NP_DTYPE)
@@ -405,7 +438,7 @@ def run_size(group: str, size: int, backends: Sequence[str], isa: Isa, timing: T
     repeats = 1 if direct else inner_repeats(size)
     with single_thread():
         prepared = [_prepare(cand, a, b, c, check, repeats)
-                    for cand in candidates(size, backends, isa)]
+                    for cand in candidates(size, backends, isa, intrinsic_max)]
         measured = _measure(prepared, timing)
     base = measured.get(baseline, (math.nan,))[0]
     results = []
@@ -414,16 +447,17 @@ def run_size(group: str, size: int, backends: Sequence[str], isa: Isa, timing: T
         error = p.error or ("" if p.verified else "wrong result")
         results.append(Result(group, size, p.cand.key, p.cand.strategy, p.cand.backend,
                               seconds, 2.0 * size**3 / seconds / 1e9, base / seconds,
-                              p.verified, calls, interleaved, p.repeats, error))
+                              p.verified, calls, interleaved, p.repeats, p.build_s, error))
     return results
 
 
 def run_strategies(groups: Groups, *, backends: Sequence[str] = ("c", "llvm"),
                    timing: Timing = FULL_TIMING, baseline: str | None = None,
-                   direct: bool = False,
+                   direct: bool = False, intrinsic_max: int = 32,
                    progress: Callable[[str], None] | None = None) -> list[Result]:
     """Every size of every group; ``baseline`` defaults to naive loops on the first backend;
-    ``direct``: one ctypes call per kernel call instead of the compiled repeat loop."""
+    ``direct``: one ctypes call per kernel call instead of the compiled repeat loop;
+    ``intrinsic_max``: the largest size given the (fully unrolled) Intrinsic strategy."""
     from blacc.runtime.gemm import host_target
 
     baseline = baseline or f"{NAIVE.lower()}[{backends[0]}]"
@@ -433,7 +467,8 @@ def run_strategies(groups: Groups, *, backends: Sequence[str] = ("c", "llvm"),
         for size in sizes:
             if progress is not None:
                 progress(f"{group} {size}x{size}x{size}")
-            results += run_size(group, size, backends, isa, timing, baseline, direct)
+            results += run_size(group, size, backends, isa, timing, baseline, direct,
+                                intrinsic_max)
     return results
 
 
@@ -515,7 +550,7 @@ def plot_speedups(results: Sequence[Result], out_dir: Path, baseline: str,
         sizes = list(dict.fromkeys(r.size for r in rows))
         keys = _order(rows, baseline)
         by = {(r.key, r.size): r for r in rows}
-        fig = Figure(figsize=(max(6.0, 1.6 * len(sizes) + 0.35 * len(keys)), 4.5))
+        fig = Figure(figsize=(max(6.0, 1.2 * len(sizes) + 0.25 * len(keys) * len(sizes) / 2), 4.5))
         ax = fig.add_subplot()
         width = 0.8 / max(1, len(keys))
         for i, key in enumerate(keys):
@@ -530,7 +565,7 @@ def plot_speedups(results: Sequence[Result], out_dir: Path, baseline: str,
         ax.set_yscale("log")
         ax.set_ylabel(f"speedup over {baseline}")
         ax.set_title(f"{group} SGEMM{': ' + title if title else ''}", fontsize=10)
-        ax.legend(fontsize=7, ncols=2)
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
         path = out_dir / f"speedup_{group}.png"
         fig.savefig(path, dpi=120, bbox_inches="tight")
         written.append(path)
@@ -552,12 +587,15 @@ def plot_gflops(results: Sequence[Result], out_dir: Path, title: str = "") -> Pa
             ax.plot([r.size for r in rows], [r.gflops for r in rows], color=style["color"],
                     linestyle="--" if style["hatch"] else "-", marker="o", markersize=3,
                     label=key)
+    sizes = sorted({r.size for r in results})
     ax.set_xscale("log", base=2)
+    ax.set_xticks(sizes, [str(n) for n in sizes])
+    ax.minorticks_off()
     ax.set_xlabel("M = N = K")
     ax.set_ylabel("GFLOPS (one core)")
     ax.set_title(f"SGEMM GFLOPS{': ' + title if title else ''}", fontsize=10)
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=7, ncols=2)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     path = out_dir / "gflops_vs_size.png"
     fig.savefig(path, dpi=120, bbox_inches="tight")
     return path

@@ -127,7 +127,11 @@ class _Checker:
         if pos.line > 0:
             return TypeCheckError(locate(message, pos, self.program.line_text(pos.line)))
         assert self.statement is not None
-        return TypeCheckError(f"in {format_statement(self.statement)!r}: {message}")
+        return TypeCheckError(f"in {self.text(self.statement)!r}: {message}")
+
+    def text(self, st: Assign) -> str:
+        """The statement as written, or as printed when built without source."""
+        return st.text or format_statement(st)
 
     def run(self) -> TypedProgram:
         statements = []
@@ -163,14 +167,14 @@ class _Checker:
         expr = self.expr(st.expr)
         decl = self.lookup(st.target, st.pos)
         if decl.shape != expr.shape:
-            raise self.fail(st.pos, f"{format_statement(st)}: the result is "
+            raise self.fail(st.pos, f"{self.text(st)}: the result is "
                                     f"{shape_words(expr.shape)} but {st.target} is declared "
                                     f"as {decl!r}, which is {shape_words(decl.shape)}")
         reads = _target_reads(expr, st.target)
         for ref, inplace in reads:
             if not inplace:
                 raise self.fail(ref.pos, (
-                    f"{format_statement(st)}: the output {st.target} is read at other positions "
+                    f"{self.text(st)}: the output {st.target} is read at other positions "
                     f"than the one being computed; element (i, j) of an output may be read only "
                     f"while computing element (i, j); write the result to a new output instead"))
         return TAssign(st.target, expr, bool(reads), st.pos, st.text)
