@@ -10,7 +10,6 @@ __version__ = "0.1.0"
 
 from .api import Explanation, explain, gemm, matmul  # noqa: E402
 from .blacs import compile, emit  # noqa: E402
-from .frontend import Matrix, Scalar, Vector  # noqa: E402
 from .errors import (  # noqa: E402
     AliasingError,
     ArgumentError,
@@ -23,6 +22,7 @@ from .errors import (  # noqa: E402
     ShapeError,
     TypeCheckError,
 )
+from .frontend import Matrix, Scalar, Vector  # noqa: E402
 
 __all__ = [
     "AliasingError", "ArgumentError", "BlaccError", "CompilerError", "CompilerNotFoundError",

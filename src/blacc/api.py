@@ -8,7 +8,8 @@ import numpy as np
 
 from .ir import printer
 from .ir.dtypes import float_type_of
-from .ir.structured import Contraction, matmul as matmul_op
+from .ir.structured import Contraction
+from .ir.structured import matmul as matmul_op
 from .runtime.build import resolve_backend
 from .runtime.gemm import check_gemm, gemm_kernel, host_target, run_gemm
 from .strategy.gemm import Plan, choose

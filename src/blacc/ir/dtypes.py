@@ -30,7 +30,8 @@ def float_type_of(dtype: object) -> str:
     try:
         d = np.dtype(dtype)
     except TypeError as exc:
-        raise DTypeError(f"unsupported dtype {dtype!r}: blacc computes in float32 or float64") from exc
+        raise DTypeError(f"unsupported dtype {dtype!r}: blacc computes in float32 or "
+                         "float64") from exc
     if d == np.float32:
         return "f32"
     if d == np.float64:

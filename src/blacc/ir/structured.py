@@ -123,7 +123,7 @@ def extents_of(op: Contraction, arrays: dict[str, np.ndarray]) -> dict[str, int]
         arr = arrays[acc.operand]
         if arr.ndim != len(acc.dims):
             raise ShapeError(f"{acc.operand} must be {len(acc.dims)}-D, got shape {arr.shape}")
-        for dim, size in zip(acc.dims, arr.shape):
+        for dim, size in zip(acc.dims, arr.shape, strict=True):
             if sizes.setdefault(dim, size) != size:
                 raise ShapeError(f"dimension {dim!r} is {sizes[dim]} elsewhere but {size} in "
                                  f"{acc.operand} (shape {arr.shape})")

@@ -36,13 +36,13 @@ _CTYPES = {"i64": ctypes.c_int64, "i32": ctypes.c_int32, "f32": ctypes.c_float,
 BASE_FLAGS = ("-O3", "-std=c11", "-fno-math-errno", "-mtune=native")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def host_compiler() -> Compiler:
     """The compiler named by $CC (read once, here at the edge), else cc/gcc/clang."""
     return find_compiler(os.environ.get("CC") or None)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _c_available() -> bool:
     try:
         host_compiler()

@@ -35,7 +35,7 @@ class Target:
     isa: Isa
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def host_target() -> Target:
     machine = detect_machine()
     return Target(machine, isa_for(machine))

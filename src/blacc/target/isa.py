@@ -89,7 +89,7 @@ def _avx2_ops() -> dict[tuple[str, str], str]:
             ("store", dt): f"_mm_storeu_{s}({{addr}}, {{x}})",
             ("mask_load", dt): f"_mm_maskload_{s}({{addr}}, {{mask}})",
             ("mask_store", dt): f"_mm_maskstore_{s}({{addr}}, {{mask}}, {{x}})",
-            ("broadcast_load", dt): (f"_mm_broadcast_ss({{addr}})" if s == "ps"
+            ("broadcast_load", dt): ("_mm_broadcast_ss({addr})" if s == "ps"
                                      else "_mm_loaddup_pd({addr})"),
             ("splat", dt): f"_mm_set1_{s}({{x}})",
             ("fma", dt): f"_mm_fmadd_{s}({{a}}, {{b}}, {{c}})",

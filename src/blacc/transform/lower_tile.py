@@ -5,9 +5,10 @@ intrinsic: per k step, ``cols/lanes`` vector loads of b, one broadcast of a per
 row and ``rows*cols/lanes`` FMAs into accumulators that stay in registers. With
 one lane (the generic target) the same walk makes scalar accumulators.
 
-    tile_mma(acc[6x16] += a x b, k=kc)          for p in range(0, kc - kc % 4, 4):
-                                       ->         b_0_0 = load8(b[p*16]); ...
-                                                  a_0_0 = bcast8(a[p*6]); acc_0_0 = fma(a_0_0, b_0_0, acc_0_0)
+    tile_mma(acc[6x16] += a x b, k=kc)
+      ->  for p in range(0, kc - kc % 4, 4):
+            b_0_0 = load8(b[p*16]); ...
+            a_0_0 = bcast8(a[p*6]); acc_0_0 = fma(a_0_0, b_0_0, acc_0_0)
 
 Edges: when the operands are not zero-padded the tile has a second, guarded
 copy of the loop for edge tiles (rows clamped, b loaded with masks); stores are

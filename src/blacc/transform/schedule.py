@@ -30,7 +30,8 @@ class Tile:
         seen = set()
         for dim, size in self.sizes:
             if not isinstance(size, int) or isinstance(size, bool) or size < 1:
-                raise ScheduleError(f"Tile size for {dim!r} must be a positive integer, got {size!r}")
+                raise ScheduleError(f"Tile size for {dim!r} must be a positive integer, "
+                                    f"got {size!r}")
             if dim in seen:
                 raise ScheduleError(f"Tile names dimension {dim!r} twice")
             seen.add(dim)
