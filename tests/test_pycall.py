@@ -92,6 +92,11 @@ STATS_SPECS = [ArgSpec("v", "array", "f64", "in", 1, 4),
 SQUARE_C = "int square(float a, float *restrict b) { *b = a * a; return 0; }\n"
 SQUARE_SPECS = [ArgSpec("a", "scalar", "f32", "in"), ArgSpec("b", "scalar", "f32", "out")]
 
+# 1x1 arrays.
+DOUBLE_C = "int twice(const double *restrict a, double *restrict b) { *b = 2 * *a; return 0; }\n"
+DOUBLE_SPECS = [ArgSpec("a", "array", "f64", "in", 1, 1),
+                ArgSpec("b", "array", "f64", "out", 1, 1)]
+
 # A kernel whose scratch allocation "fails" after writing.
 FAIL_C = "int fail(double *restrict y) { y[0] = 1; return 1; }\n"
 FAIL_SPECS = [ArgSpec("y", "array", "f64", "out", 2, 1)]
@@ -154,24 +159,25 @@ def axpy_expected(ops: dict[str, Any]) -> tuple[np.ndarray, float]:
 # --- the generated source -----------------------------------------------------------------
 
 
-@pytest.mark.parametrize("source, entry, specs", [
-    (axpy_source("double"), "axpy", axpy_specs("f64")),
-    (axpy_source("float"), "axpy", axpy_specs("f32")),
-    (SPLIT_C, "split", SPLIT_SPECS),
-    (STATS_C, "stats", STATS_SPECS),
-    (SQUARE_C, "square", SQUARE_SPECS),
+@pytest.mark.parametrize("source, entry, specs, release_gil", [
+    (axpy_source("double"), "axpy", axpy_specs("f64"), False),
+    (axpy_source("float"), "axpy", axpy_specs("f32"), True),
+    (SPLIT_C, "split", SPLIT_SPECS, False),
+    (STATS_C, "stats", STATS_SPECS, True),
+    (SQUARE_C, "square", SQUARE_SPECS, False),
+    ("int nothing(void) { return 0; }\n", "nothing", [], True),
 ])
 def test_wrapper_compiles_without_warnings(cc: Compiler, tmp_path: Path, source: str,
-                                           entry: str, specs: list[ArgSpec]) -> None:
-    for release_gil in (False, True):
-        text = source + wrapper_source(entry, specs, "blacc_test_mod", release_gil=release_gil)
-        (tmp_path / "k.c").write_text(text)
-        proc = subprocess.run(
-            [*cc.command, "-std=c11", "-O2", "-Wall", "-Wextra", "-Werror", "-fPIC", "-shared",
-             f"-I{sysconfig.get_paths()['include']}", "k.c", "-o", "k.so"],
-            cwd=tmp_path, capture_output=True, text=True, check=False)
-        assert proc.returncode == 0, proc.stderr
-        assert ("Py_BEGIN_ALLOW_THREADS" in text) == release_gil
+                                           entry: str, specs: list[ArgSpec],
+                                           release_gil: bool) -> None:
+    text = source + wrapper_source(entry, specs, "blacc_test_mod", release_gil=release_gil)
+    assert ("Py_BEGIN_ALLOW_THREADS" in text) == release_gil
+    (tmp_path / "k.c").write_text(text)
+    proc = subprocess.run(
+        [*cc.command, "-std=c11", "-O2", "-Wall", "-Wextra", "-Werror", "-fPIC", "-shared",
+         f"-I{sysconfig.get_paths()['include']}", "k.c", "-o", "k.so"],
+        cwd=tmp_path, capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stderr
 
 
 def test_gil_is_kept_for_small_kernels_and_released_for_large_ones() -> None:
@@ -234,6 +240,21 @@ def test_one_dimensional_vectors_and_singleton_strides(axpy: FixedKernel) -> Non
     np.testing.assert_allclose(y, expected_y.ravel(), rtol=1e-14)
     row = np.ones((1, 4))
     assert axpy.fast(0.0, ops["A"], ops["x"].ravel(), row[0, :3], None) == 3.0
+
+
+def test_one_by_one_arrays_take_any_strides_and_zero_dimensions(
+        build: Callable[..., FixedKernel]) -> None:
+    kernel = build(DOUBLE_C, "twice", DOUBLE_SPECS)
+    b = np.zeros(())
+    assert kernel(a=np.array(1.5), b=b) is b and b == 3.0
+    b = np.zeros((3, 3))[1:2, ::2][:, 1:]
+    assert b.shape == (1, 1) and b.strides == (24, 16)
+    kernel.fast(np.full((1,), 2.0), b)
+    assert b[0, 0] == 4.0
+    assert kernel(a=np.ones((1, 1))).shape == (1, 1)
+    with pytest.raises(ShapeError, match=r"b: expected shape \(1, 1\), \(1,\) or \(\) "
+                                         r"float64 array, got \(1, 1, 1\) float64"):
+        kernel(a=np.ones(1), b=np.ones((1, 1, 1)))
 
 
 def test_float32_variant(build: Callable[..., FixedKernel]) -> None:
@@ -327,6 +348,7 @@ BAD_ARGUMENTS: list[tuple[str, Callable[[dict[str, Any]], Any], type, str]] = [
     ("A", lambda o: np.ones((2, 3)), ShapeError,
      r"A: expected shape \(3, 2\) float64 C-contiguous, got \(2, 3\) float64"),
     ("A", lambda o: np.ones(6), ShapeError, r"A: expected .* got \(6,\) float64"),
+    ("A", lambda o: np.array(1.0), ShapeError, r"A: expected .* got \(\) float64"),
     ("x", lambda o: np.ones(4), ShapeError,
      r"x: expected shape \(2, 1\) or \(2,\) float64 contiguous, got \(4,\) float64"),
     ("x", lambda o: np.ones((1, 2)), ShapeError, r"x: .* got \(1, 2\) float64"),
@@ -392,7 +414,7 @@ def test_overlapping_outputs_are_rejected(build: Callable[..., FixedKernel]) -> 
     assert buf.tolist() == [1.0] * 6 + [0.0] * 6
 
 
-def test_inout_arrays_may_alias_themselves(axpy: FixedKernel) -> None:
+def test_output_scalar_slot_is_ignored(axpy: FixedKernel) -> None:
     ops = axpy_operands()
     expected_y, _ = axpy_expected(ops)
     axpy.fast(ops["alpha"], ops["A"], ops["x"], ops["y"], 123.0)  # out slot is ignored
@@ -496,3 +518,10 @@ def test_measure_call_overhead(build: Callable[..., FixedKernel]) -> None:
     print()
     for what, ns in times.items():
         print(f"    {what:32s} {ns:8.0f} ns per call")
+
+
+def test_kernel_without_arguments(build: Callable[..., FixedKernel]) -> None:
+    kernel = build("int nothing(void) { return 0; }\n", "nothing", [])
+    assert kernel() is None and kernel.fast() is None
+    with pytest.raises(TypeError, match=r"nothing\(\) takes exactly 0 arguments"):
+        kernel.fast(1)

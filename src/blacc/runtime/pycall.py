@@ -23,6 +23,7 @@ tuple of floats in spec order for several. Errors are blacc's (``ValueError`` or
 
 from __future__ import annotations
 
+import functools
 import importlib.machinery
 import importlib.util
 import keyword
@@ -106,7 +107,9 @@ def _natural(s: ArgSpec) -> bool:
 def _expected(s: ArgSpec) -> str:
     """What an array argument must be, in words: 'shape (3, 2) float64 C-contiguous'."""
     shape = f"({s.rows}, {s.cols})"
-    if _is_vector(s):
+    if s.rows == 1 and s.cols == 1:
+        shape += ", (1,) or ()"
+    elif _is_vector(s):
         shape += f" or ({s.rows * s.cols},)"
     dtype = _NP_DTYPE[s.dtype].name
     rs, cs = _byte_strides(s)
@@ -114,7 +117,7 @@ def _expected(s: ArgSpec) -> str:
         layout = "array"
     elif _is_vector(s):
         step = rs if s.rows > 1 else cs
-        layout = "contiguous" if step == _ITEMSIZE[s.dtype] else f"with element stride {step}"
+        layout = "contiguous" if step == _ITEMSIZE[s.dtype] else f"with element stride {step} bytes"
     elif s.layout == "row":
         layout = ("C-contiguous" if _natural(s) else
                   f"row-major with leading dimension {s.leading_dimension} "
@@ -209,9 +212,9 @@ BLACC_PY_HELPER const char *blacc_py_dtype_name(const char *format, char *buf, s
 BLACC_PY_HELPER void blacc_py_tuple(char *buf, size_t size, int n, const Py_ssize_t *v) {
     size_t used = strlen(buf);
     for (int i = 0; i <= n && used + 1 < size; i++) {
-        const char *sep = i == 0 ? "(" : ", ";
-        int w = i < n ? snprintf(buf + used, size - used, "%s%zd", sep, v[i])
-                      : snprintf(buf + used, size - used, "%s)", n == 1 ? "," : "");
+        int w = i < n ? snprintf(buf + used, size - used, "%s%zd", i == 0 ? "(" : ", ", v[i])
+                      : snprintf(buf + used, size - used, "%s",
+                                 n == 0 ? "()" : n == 1 ? ",)" : ")");
         if (w < 0) return;
         used = used + (size_t)w < size ? used + (size_t)w : size - 1;
     }
@@ -423,7 +426,7 @@ def wrapper_source(entry_name: str, specs: Sequence[ArgSpec], module_name: str, 
     lines += ["",
               "static PyObject *blacc_py_call(PyObject *self, PyObject *const *args,",
               "                               Py_ssize_t nargs) {"]
-    body = ["(void)self;"]
+    body = ["(void)self;", "(void)args;"]
     if arrays:
         body += [f"Py_buffer views[{len(arrays)}];", "int acquired = 0;"]
     body.append("int status;")
@@ -467,7 +470,7 @@ def wrapper_source(entry_name: str, specs: Sequence[ArgSpec], module_name: str, 
         body.append("while (acquired > 0) PyBuffer_Release(&views[--acquired]);")
     body += ["if (status != 0) {",
              "    PyErr_Format(PyExc_RuntimeError, \"kernel %s failed with status %d \"",
-             f"                 \"(a scratch allocation failed)\", {_c_string(entry_name)}, "
+             f"                 \"(did a scratch allocation fail?)\", {_c_string(entry_name)}, "
              "status);",
              "    return NULL;", "}"]
     if not outs:
@@ -484,7 +487,7 @@ def wrapper_source(entry_name: str, specs: Sequence[ArgSpec], module_name: str, 
     lines += [("    " + line) if not line.endswith(":") else line for line in body]
     lines.append("}")
 
-    if all(s.name.isidentifier() for s in specs):
+    if all(s.name.isidentifier() and not keyword.iskeyword(s.name) for s in specs):
         text_sig = f"call($module, {names}, /)\n--\n\n" if specs else "call($module, /)\n--\n\n"
     else:
         text_sig = ""
@@ -568,67 +571,54 @@ def build_extension(kernel_c_source: str, entry_name: str, specs: Sequence[ArgSp
 
 
 # ------------------------------------------------------------------------ by-name calls
-_HELPERS = ("_blacc_fast", "_blacc_empty", "_blacc_r", "self")
-
-
-def _allocation(s: ArgSpec) -> str:
-    """Python expression allocating an output array in the layout the kernel writes."""
-    dt, r, c, ld = f"_blacc_{s.dtype}", s.rows, s.cols, s.leading_dimension
-    if _natural(s):
-        order = "" if s.layout == "row" or _is_vector(s) else ", 'F'"
-        return f"_blacc_empty(({r}, {c}), {dt}{order})"
-    if s.layout == "row":
-        return f"_blacc_empty(({r}, {ld}), {dt})[:, :{c}]"
-    return f"_blacc_empty(({ld}, {c}), {dt}, 'F')[:{r}, :]"
-
-
-def _allocate(s: ArgSpec) -> np.ndarray:
-    """A new output array for ``s`` (what :func:`_allocation`'s expression computes)."""
+def _allocator(s: ArgSpec) -> Callable[[], np.ndarray]:
+    """A function returning a new output array for ``s``, in the layout the kernel
+    writes: C (or, for 'col', Fortran) order, padded to the leading dimension."""
     dtype, ld = _NP_DTYPE[s.dtype], s.leading_dimension
     if _natural(s):
         order = "F" if s.layout == "col" and not _is_vector(s) else "C"
-        return np.empty((s.rows, s.cols), dtype, order=order)
+        return functools.partial(np.empty, (s.rows, s.cols), dtype, order)
     if s.layout == "row":
-        return np.empty((s.rows, ld), dtype)[:, : s.cols]
-    return np.empty((ld, s.cols), dtype, order="F")[: s.rows, :]
+        return lambda: np.empty((s.rows, ld), dtype)[:, : s.cols]
+    return lambda: np.empty((ld, s.cols), dtype, order="F")[: s.rows, :]
+
+
+def _outputs(specs: Sequence[ArgSpec]) -> list[tuple[str, int | None]]:
+    """(name, where) per output in spec order: where is None for an array (returned as
+    passed), -1 for the only output scalar (the whole result of ``fast``), else the
+    index of the scalar in the tuple ``fast`` returns."""
+    scalars = [s.name for s in specs if s.kind == SCALAR and s.written]
+    return [(s.name, None if s.kind == ARRAY else -1 if len(scalars) == 1
+             else scalars.index(s.name)) for s in specs if s.written]
 
 
 def _specialized_call(specs: Sequence[ArgSpec], fast: Callable[..., Any],
                       name: str) -> Callable[..., Any] | None:
     """Generate ``__call__(self, /, *, <inputs>, <outputs>=None)`` for these specs, so
     that the interpreter binds the keywords; None when a name cannot be a parameter."""
-    names = [s.name for s in specs]
-    if any(not n.isidentifier() or keyword.iskeyword(n) or n in _HELPERS or
-           n.startswith("_blacc_") for n in names):
+    if any(not s.name.isidentifier() or keyword.iskeyword(s.name) or s.name == "self"
+           or s.name.startswith("_blacc") for s in specs):
         return None
+    namespace: dict[str, Any] = {"_blacc_fast": fast}
     required = [s.name for s in specs if s.role != OUT]
     optional = [f"{s.name}=None" for s in specs if s.kind == ARRAY and s.role == OUT]
-    body = [f"    if {s.name} is None:\n        {s.name} = {_allocation(s)}"
-            for s in specs if s.kind == ARRAY and s.role == OUT]
-    scalars = [i for i, s in enumerate(specs) if s.kind == SCALAR and s.written]
-    args = ["None" if s.kind == SCALAR and s.role == OUT else s.name for s in specs]
-    body.append(f"    _blacc_r = _blacc_fast({', '.join(args)})")
-    values = []
+    body = []
     for i, s in enumerate(specs):
-        if not s.written:
-            continue
-        if s.kind == ARRAY:
-            values.append((s.name, s.name))
-        else:
-            index = "" if len(scalars) == 1 else f"[{scalars.index(i)}]"
-            values.append((s.name, f"_blacc_r{index}"))
-    if not values:
-        body.append("    return None")
-    elif len(values) == 1:
-        body.append(f"    return {values[0][1]}")
+        if s.kind == ARRAY and s.role == OUT:
+            namespace[f"_blacc_new{i}"] = _allocator(s)
+            body.append(f"if {s.name} is None:\n        {s.name} = _blacc_new{i}()")
+    args = ["None" if s.kind == SCALAR and s.role == OUT else s.name for s in specs]
+    body.append(f"_blacc_r = _blacc_fast({', '.join(args)})")
+    values = [(n, n if where is None else "_blacc_r" if where < 0 else f"_blacc_r[{where}]")
+              for n, where in _outputs(specs)]
+    if len(values) <= 1:
+        body.append(f"return {values[0][1] if values else None}")
     else:
-        body.append("    return {" + ", ".join(f"{k!r}: {v}" for k, v in values) + "}")
+        body.append("return {" + ", ".join(f"{n!r}: {v}" for n, v in values) + "}")
     params = ", ".join(["self", "/", *(["*"] if required or optional else []),
                         *required, *optional])
-    text = f"def __call__({params}):\n" + "\n".join(body) + "\n"
-    namespace: dict[str, Any] = {"_blacc_fast": fast, "_blacc_empty": np.empty,
-                                 "_blacc_f32": np.float32, "_blacc_f64": np.float64}
-    exec(compile(text, f"<blacc kernel {name}>", "exec"), namespace)  # noqa: S102
+    text = f"def __call__({params}):\n" + "".join(f"    {line}\n" for line in body)
+    exec(compile(text, f"<blacc kernel {name}>", "exec"), namespace)
     fn = namespace["__call__"]
     fn.__qualname__ = fn.__name__ = name
     return fn
@@ -645,11 +635,17 @@ class FixedKernel:
     the kernel has no outputs. Checks are those of the positional ``fast`` function
     (see :func:`wrapper_source`), which hot loops should call directly.
 
+    Attributes: ``specs`` (the ArgSpecs), ``fast`` (the extension's positional
+    ``call``), ``source`` (the kernel's C source), ``name`` (its entry function).
+
     Each instance gets its own subclass whose ``__call__`` is generated for its specs,
-    so the interpreter itself binds the keyword arguments.
+    so the interpreter itself binds the keyword arguments (missing and unknown names
+    raise Python's usual TypeError); names that cannot be Python parameters fall back
+    to a generic (slower) ``__call__``.
     """
 
-    __slots__ = ("specs", "fast", "source", "name")
+    __slots__ = ("specs", "fast", "source", "name", "_accepted", "_required", "_plan",
+                 "_outputs")
 
     def __new__(cls, specs: Sequence[ArgSpec], fast: Callable[..., Any], source: str = "",
                 *, name: str = "kernel") -> FixedKernel:
@@ -667,6 +663,13 @@ class FixedKernel:
         self.fast = fast
         self.source = source
         self.name = name
+        # For the generic __call__: names, an allocator per output array, the outputs.
+        specs = self.specs
+        self._accepted = frozenset(s.name for s in specs if s.role != OUT or s.kind == ARRAY)
+        self._required = frozenset(s.name for s in specs if s.role != OUT)
+        self._plan = tuple((s.name, _allocator(s) if s.kind == ARRAY and s.role == OUT
+                            else None) for s in specs)
+        self._outputs = tuple(_outputs(specs))
 
     @classmethod
     def build(cls, kernel_c_source: str, entry_name: str, specs: Sequence[ArgSpec],
@@ -677,27 +680,25 @@ class FixedKernel:
 
     def __call__(self, /, **arguments: Any) -> Any:
         """Generic by-name call, used when an argument name is not a Python identifier."""
-        accepted = {s.name for s in self.specs if s.role != OUT or s.kind == ARRAY}
-        missing = [s.name for s in self.specs if s.role != OUT and s.name not in arguments]
-        unknown = sorted(set(arguments) - accepted)
-        if missing or unknown:
+        names = arguments.keys()
+        if not (self._required <= names and self._accepted >= names):
+            missing = [s.name for s in self.specs if s.name in self._required - names]
+            unknown = sorted(names - self._accepted)
             parts = [f"missing {', '.join(map(repr, missing))}"] if missing else []
             parts += [f"unexpected {', '.join(map(repr, unknown))}"] if unknown else []
             raise TypeError(f"{self.name}() got bad arguments: {'; '.join(parts)}")
-        args: list[Any] = []
-        for s in self.specs:
-            value = arguments.get(s.name)
-            if value is None and s.kind == ARRAY and s.role == OUT:
-                value = arguments[s.name] = _allocate(s)
+        args = []
+        for name, allocate in self._plan:
+            value = arguments.get(name)
+            if value is None and allocate is not None:
+                value = arguments[name] = allocate()
             args.append(value)
         result = self.fast(*args)
-        scalars = [s.name for s in self.specs if s.kind == SCALAR and s.written]
-        values = {s.name: arguments[s.name] if s.kind == ARRAY else
-                  result if len(scalars) == 1 else result[scalars.index(s.name)]
-                  for s in self.specs if s.written}
-        if not values:
-            return None
-        return next(iter(values.values())) if len(values) == 1 else values
+        values = {name: arguments[name] if where is None else result if where < 0
+                  else result[where] for name, where in self._outputs}
+        if len(values) <= 1:
+            return next(iter(values.values()), None)
+        return values
 
     def __repr__(self) -> str:
         args = ", ".join(f"{s.name}: {s.role} {s.dtype}"

@@ -37,12 +37,13 @@ from ..target.isa import Isa
 @dataclass(frozen=True)
 class OpSchedule:
     """How one operation is computed: the index on lanes (None: scalar code), the block
-    of output positions computed together (rows x vector chunks), the loop order of the
-    output dimensions, and the trip count up to which loops are fully unrolled."""
+    of output positions computed together (rows x vector chunks: the register tile), and
+    the trip count up to which loops are fully unrolled. Together they fix the loop
+    order: blocks of outputs outside, every reduction inside a block, the lane index
+    innermost (an output dimension, or a reduction finished by a horizontal sum)."""
 
     vector: str | None
     block: tuple[int, int] = (1, 1)
-    outer: str | None = None  # the output dim iterated outermost (None: the non-vector one)
     unroll: int = 16
 
 
