@@ -4,6 +4,7 @@ NumPy reference interpreter on the LGen examples."""
 from __future__ import annotations
 
 import dataclasses
+import pickle
 import re
 
 import numpy as np
@@ -271,6 +272,7 @@ def test_typed_programs_are_values():
     assert a == b and hash(a) == hash(b)
     assert a != typed("y = A*x + y", dict(D, A=Matrix(5, 9, layout="col")))
     assert {a: 1}[b] == 1
+    assert pickle.loads(pickle.dumps(a)) == a
     with pytest.raises(dataclasses.FrozenInstanceError):
         a.dtype = "f32"  # type: ignore[misc]
 

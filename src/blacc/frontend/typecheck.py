@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Mapping
-from types import MappingProxyType
 
 from ..errors import ArgumentError, TypeCheckError
 from .ast import (
@@ -39,6 +38,7 @@ from .ast import (
 )
 from .names import name_problem
 from .typed import (
+    Decls,
     Shape,
     TAdd,
     TAssign,
@@ -148,7 +148,7 @@ class _Checker:
         assert self.first is not None
         used = {n: self.decls[n] for n in inputs + outputs}
         return TypedProgram(tuple(statements), tuple(inputs), tuple(outputs), self.first[1],
-                            MappingProxyType(used), self.program.source)
+                            Decls(used), self.program.source)
 
     def lookup(self, name: str, pos: Pos) -> Decl:
         decl = self.decls.get(name)

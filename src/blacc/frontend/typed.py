@@ -183,6 +183,33 @@ def walk(e: TExpr) -> Iterator[TExpr]:
         yield from walk(c)
 
 
+class Decls(Mapping[str, Decl]):
+    """A read-only, hashable, picklable name -> declaration mapping (insertion order)."""
+
+    __slots__ = ("_items",)
+
+    def __init__(self, items: Mapping[str, Decl] | None = None) -> None:
+        self._items = dict(items or {})
+
+    def __getitem__(self, name: str) -> Decl:
+        return self._items[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._items)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __hash__(self) -> int:
+        return hash(tuple(self._items.items()))
+
+    def __reduce__(self) -> tuple[type, tuple[dict[str, Decl]]]:
+        return (Decls, (self._items,))
+
+    def __repr__(self) -> str:
+        return f"Decls({self._items!r})"
+
+
 @dataclass(frozen=True)
 class TypedProgram:
     """A checked program. ``inputs``: names read before being written (in order of first
@@ -193,12 +220,8 @@ class TypedProgram:
     inputs: tuple[str, ...]
     outputs: tuple[str, ...]
     dtype: str
-    decls: Mapping[str, Decl]
+    decls: Decls
     source: str = field(default="", compare=False, repr=False)
-
-    def __hash__(self) -> int:
-        return hash((self.statements, self.inputs, self.outputs, self.dtype,
-                     tuple(self.decls.items())))
 
     @property
     def operands(self) -> tuple[str, ...]:
