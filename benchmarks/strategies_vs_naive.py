@@ -20,6 +20,7 @@ from blacc.bench.strategies import (
     FULL_TIMING,
     QUICK_GROUPS,
     QUICK_TIMING,
+    STRATEGY_ORDER,
     Timing,
     format_tables,
     intrinsic_status,
@@ -94,6 +95,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="one ctypes call per kernel call (no compiled repeat loop)")
     parser.add_argument("--intrinsic-max", type=int, metavar="N",
                         help="largest size for Intrinsic (default 32; 16 with --quick)")
+    parser.add_argument("--strategies", nargs="+", choices=STRATEGY_ORDER[1:],
+                        help="run only these (naive loops always run: the baseline)")
     parser.add_argument("--no-plots", action="store_true", help="skip matplotlib figures")
     args = parser.parse_args(argv)
 
@@ -106,7 +109,8 @@ def main(argv: list[str] | None = None) -> int:
     overheads = measure_overheads(args.backends, timing)
     results = run_strategies(
         _groups(args), backends=args.backends, timing=timing, baseline=baseline,
-        direct=args.direct, intrinsic_max=intrinsic_max, progress=_progress)
+        direct=args.direct, intrinsic_max=intrinsic_max, strategies=args.strategies,
+        progress=_progress)
     tgt = host_target()
     machine = f"{tgt.machine.name} ({tgt.isa.name})"
     notes = _notes(timing, baseline, overheads, args.direct, intrinsic_max)

@@ -239,16 +239,17 @@ def test_bench_command_exit_status_and_json(
 ) -> None:
     calls = []
 
-    def fake_run(shapes, dtypes, *, quick, peak=None, progress=None):
-        calls.append((list(shapes), tuple(dtypes), quick))
+    def fake_run(shapes, dtypes, *, quick, peak=None, progress=None, backend=None):
+        calls.append((list(shapes), tuple(dtypes), quick, backend))
         return _rows()
 
     monkeypatch.setattr(bench_gemm, "run_gemm_bench", fake_run)
     monkeypatch.setattr(bench_peak, "measure_peak", _peak)
     out = tmp_path / "r.json"
-    status = main(["bench", "--quick", "--dtype", "f32", "--shape", "4x5x6", "--json", str(out)])
+    status = main(["bench", "--quick", "--dtype", "f32", "--shape", "4x5x6", "--json", str(out),
+                   "--backend", "llvm"])
     assert status == 1  # the second fake row failed verification
-    assert calls == [([(4, 5, 6)], ("float32",), True)]
+    assert calls == [([(4, 5, 6)], ("float32",), True, "llvm")]
     assert "777x1234x555" in capsys.readouterr().out
     assert json.loads(out.read_text())["rows"][0]["m"] == 256
 
@@ -275,6 +276,7 @@ def test_explain_command(monkeypatch: pytest.MonkeyPatch, capsys) -> None:
         "dtype": np.dtype(np.float32),
         "trans_a": False,
         "trans_b": True,
+        "backend": None,
     }
 
 

@@ -41,6 +41,7 @@ from blacc.transform.lower_matrix import (
     lower_tiles_to_matrix_intrinsic,
 )
 from blacc.transform.pipeline import lower, passes
+from blacc.transform.schedule import Pack, Tile
 from conftest import _assert_gemm_close
 
 NP = {"f32": np.float32, "f64": np.float64}
@@ -177,7 +178,7 @@ INTERP_PLANS = {
     "tiling-kr3": lambda m, n, kk: tiling_intrinsic(3, 4, 3),
     "tiling-blocked": lambda m, n, kk: tiling_intrinsic(2, 4, 2, mc=4, kc=3, nc=8),
 }
-INTERP_SHAPES = [(4, 4, 4), (8, 8, 8), (5, 7, 3), (6, 9, 7)]
+INTERP_SHAPES = [(1, 1, 1), (4, 4, 4), (8, 8, 8), (5, 7, 3), (6, 9, 7)]
 
 
 @pytest.mark.parametrize("dtype", ["f32", "f64"])
@@ -206,6 +207,20 @@ def test_strides_below_the_column_height_take_the_outer_products(level, rng):
     a, b, c = _operands(rng, "f64", 4, 8, 3, 0.0)
     _interpret(module, plan, a, b, c, 2.0, 0.0)
     _assert_gemm_close(c, a, b, None, 2.0, 0.0)
+
+
+def test_packed_b_panels_take_the_intrinsic(rng):
+    """Tiling+Packing with only B packed (its panel has b_rs = nr, unit columns) and A read
+    in place: the intrinsic reads the packed panel."""
+    schedule = (Tile((("j", 16),)), Tile((("k", 5),)), Pack("B", 8), Tile((("i", 4), ("j", 8))))
+    module = apply(matmul("f64"), schedule, name="g", known_strides={"A_s1": 1, "C_s1": 1})
+    for backend in ("llvm", "c"):
+        final = lower(module, AVX2, backend=backend, matrix_kr=2)[0]
+        assert has_matrix_values(final) == (backend == "llvm")
+        a, b, c = _operands(rng, "f64", 9, 21, 12, 0.5, a_ld=2)
+        c0 = c.copy()
+        _interpret(final, tiling_intrinsic(4, 8, 2), a, b, c, -1.0, 0.5)
+        _assert_gemm_close(c, a, b, c0, -1.0, 0.5, context=backend)
 
 
 def test_matrix_lowering_shape():
@@ -341,17 +356,23 @@ def _run_native(native, module: k.Module, plan: Plan, a, b, c, alpha, beta) -> N
     assert native.function(*(values[p.name] for p in entry.params)) == 0
 
 
-NATIVE_SHAPES = [(4, 4, 4), (8, 8, 8), (16, 16, 16), (5, 7, 3), (13, 17, 11)]
+NATIVE_SHAPES = [(1, 1, 1), (1, 1, 7), (4, 4, 4), (8, 8, 8), (16, 16, 16), (5, 7, 3),
+                 (13, 17, 11)]
 
 
 def _native_plans(m, n, kk, dtype):
+    """The whole product as one call (and, when small, as calls of two k steps), a grid of
+    4 x 2-vector tiles, and tiled loops with kr = 1 and kr = 4 in kc = 8 blocks."""
     lanes = HOST.lanes(dtype)
-    return {
-        "intrinsic": intrinsic(m, n, kk),
+    plans = {
+        "intrinsic": intrinsic(m, n, kk, lanes=lanes),
         "intrinsic-grid": intrinsic(m, n, kk, 4, 2 * lanes, 4, lanes=lanes),
         "tiling-intrinsic": tiling_intrinsic(6, 2 * lanes, 1, lanes=lanes),
         "tiling-intrinsic-kr4": tiling_intrinsic(4, lanes, 4, kc=8, lanes=lanes),
     }
+    if m * n <= 64:
+        plans["intrinsic-kr2"] = intrinsic(m, n, kk, kr=2)
+    return plans
 
 
 @pytest.mark.parametrize("backend", ["c", "llvm"])

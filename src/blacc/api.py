@@ -18,7 +18,7 @@ from .transform.schedule import Schedule, show
 
 def gemm(A: np.ndarray, B: np.ndarray, C: np.ndarray | None = None, *, alpha: float = 1.0,
          beta: float = 0.0, trans_a: bool = False, trans_b: bool = False,
-         backend: str | None = None) -> np.ndarray:
+         backend: str | None = None, strategy: str = "auto") -> np.ndarray:
     """C = alpha * op(A) @ op(B) + beta * C, op(X) = X.T when trans_X; float32 or float64.
 
     When C is given it is updated in place and returned; otherwise a new C-ordered array
@@ -27,9 +27,12 @@ def gemm(A: np.ndarray, B: np.ndarray, C: np.ndarray | None = None, *, alpha: fl
     dtypes, a read-only C or a C that overlaps A or B.
 
     ``backend``: 'c' (system C compiler), 'llvm' (in-process JIT through llvmlite) or
-    'auto' (C when a compiler works, else LLVM); default ``$BLACC_BACKEND`` or 'auto'."""
+    'auto' (C when a compiler works, else LLVM); default ``$BLACC_BACKEND`` or 'auto'.
+    ``strategy``: 'auto' (chosen per shape), or one of seed 000's: 'blis' (Tiling+Packing),
+    'tiling' (register tiles over the operands in place), 'intrinsic' (the whole product
+    as LLVM matrix-multiply calls, compiled for this exact shape), 'tiling-intrinsic'."""
     call = check_gemm(A, B, C, alpha, beta, trans_a, trans_b)
-    return run_gemm(call, backend=resolve_backend(backend))
+    return run_gemm(call, backend=resolve_backend(backend), strategy=strategy)
 
 
 def matmul(A: np.ndarray, B: np.ndarray, out: np.ndarray | None = None, *,

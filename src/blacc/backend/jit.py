@@ -33,7 +33,11 @@ _LIBC_SYMBOLS = ("aligned_alloc", "free", "memset", "memcpy", "memmove")
 
 @functools.cache
 def _initialize() -> None:
-    """Once per process: the native target, and libc's symbols for the JIT's linker."""
+    """Once per process: the native target, libc's symbols for the JIT's linker, and
+    -enable-matrix (clang's -fenable-matrix): LLVM's -O3 pipeline lowers the
+    ``llvm.matrix.*`` intrinsics only under it, and code generation aborts on unlowered
+    ones. Set for every module, so all kernels get the same pipeline."""
+    llvm.set_option("blacc", "-enable-matrix")
     llvm.initialize_native_target()
     llvm.initialize_native_asmprinter()
     llvm.initialize_native_asmparser()

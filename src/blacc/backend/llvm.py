@@ -15,8 +15,8 @@ meaning ``ir.interp`` gives them, so the backends agree on every program. Choice
   ``llvm.matrix.*`` intrinsics on flat vectors; the multiply, and an add of its product to
   an accumulator, carry ``contract`` so that LLVM's lowering may use multiply-adds (as
   ``llvm.fmuladd`` does for a scalar ``Fma``).
-  LLVM lowers them in its -O3 pipeline only under ``-enable-matrix``, which ``render`` sets
-  (once per process) when a module has them.
+  LLVM lowers them in its -O3 pipeline only under ``-enable-matrix``, which ``backend.jit``
+  sets once per process for every module.
 
 The text has no target triple or data layout: ``backend.jit`` sets the host's.
 """
@@ -24,11 +24,9 @@ The text has no target triple or data layout: ``backend.jit`` sets the host's.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import struct
 from dataclasses import dataclass
 
-import llvmlite.binding as llvm_binding
 import numpy as np
 from llvmlite.binding import llvm_version_info
 
@@ -59,6 +57,15 @@ def _suffix(dtype: str, lanes: int) -> str:
     """The type suffix of an overloaded intrinsic: f32, v8f32, i64, ..."""
     name = {"f32": "f32", "f64": "f64", "i64": "i64", "i32": "i32", "bool": "i1"}[dtype]
     return name if lanes == 1 else f"v{lanes}{name}"
+
+
+def _mtype(dtype: str, lanes: int) -> str:
+    """A matrix value's LLVM type: always a vector, ``<1 x float>`` for one element."""
+    return f"<{lanes} x {_SCALAR[dtype]}>"
+
+
+def _msuffix(dtype: str, lanes: int) -> str:
+    return f"v{lanes}{_suffix(dtype, 1)}"
 
 
 def _literal(value: int | float, dtype: str) -> str:
@@ -238,14 +245,35 @@ class _FunctionWriter:
         if isinstance(e, k.MatrixLoad):
             return self.matrix_load(e)
         if isinstance(e, k.MatrixMultiply):
-            a, b = self.expr(e.a), self.expr(e.b)
-            ret = _type(e.dtype, e.lanes)
-            name = (f"llvm.matrix.multiply.{_suffix(e.dtype, e.lanes)}.{_suffix(a.dtype, a.lanes)}"
-                    f".{_suffix(b.dtype, b.lanes)}")
-            dims = [("i32", f"i32 {n}") for n in (e.rows, e.inner, e.cols)]
-            return self.value(self.call(name, ret, [a, b, *dims], flags="contract"),
-                              e.dtype, e.lanes)
+            return self.matrix_multiply(e)
         raise TypeError(f"the LLVM backend cannot print {type(e).__name__}")
+
+    # ------------------------------------------------------------------ matrix values
+    # The intrinsics take and return vectors, <1 x T> included, where the kernel IR has a
+    # scalar for one lane: such values go in through insertelement, out through extract.
+    def to_matrix(self, v: _Val) -> tuple[str, str]:
+        """(type, typed text) of ``v`` as an intrinsic operand."""
+        if v.lanes > 1:
+            return v.type, v.typed
+        vec = f"<1 x {v.type}>"
+        ref = "%" + self.fresh("t")
+        self.emit(f"{ref} = insertelement {vec} poison, {v.typed}, i64 0")
+        return vec, f"{vec} {ref}"
+
+    def from_matrix(self, call: str, dtype: str, lanes: int) -> _Val:
+        """The value of an intrinsic call returning a ``lanes``-lane matrix."""
+        if lanes > 1:
+            return self.value(call, dtype, lanes)
+        vec = self.value(call, dtype, lanes)  # its type is <1 x T>, whatever _Val says
+        return self.value(f"extractelement <1 x {_SCALAR[dtype]}> {vec.ref}, i64 0", dtype)
+
+    def matrix_multiply(self, e: k.MatrixMultiply) -> _Val:
+        a, b = self.to_matrix(self.expr(e.a)), self.to_matrix(self.expr(e.b))
+        name = (f"llvm.matrix.multiply.{_msuffix(e.dtype, e.lanes)}"
+                f".{_msuffix(e.dtype, e.rows * e.inner)}.{_msuffix(e.dtype, e.inner * e.cols)}")
+        dims = [("i32", f"i32 {n}") for n in (e.rows, e.inner, e.cols)]
+        call = self.call(name, _mtype(e.dtype, e.lanes), [a, b, *dims], flags="contract")
+        return self.from_matrix(call, e.dtype, e.lanes)
 
     def matrix_args(self, buf: str, index: k.Expr, stride: k.Expr, dtype: str, rows: int,
                     cols: int) -> list[tuple[str, str]]:
@@ -256,14 +284,16 @@ class _FunctionWriter:
                 ("i1", "i1 false"), ("i32", f"i32 {rows}"), ("i32", f"i32 {cols}")]
 
     def matrix_load(self, e: k.MatrixLoad) -> _Val:
-        name = f"llvm.matrix.column.major.load.{_suffix(e.dtype, e.lanes)}.i64"
+        name = f"llvm.matrix.column.major.load.{_msuffix(e.dtype, e.lanes)}.i64"
         args = self.matrix_args(e.buf, e.index, e.stride, e.dtype, e.rows, e.cols)
-        return self.value(self.call(name, _type(e.dtype, e.lanes), args), e.dtype, e.lanes)
+        call = self.call(name, _mtype(e.dtype, e.lanes), args)
+        return self.from_matrix(call, e.dtype, e.lanes)
 
     def matrix_store(self, s: k.MatrixStore) -> None:
-        v = self.expr(s.value)
-        name = f"llvm.matrix.column.major.store.{_suffix(v.dtype, v.lanes)}.i64"
-        args = self.matrix_args(s.buf, s.index, s.stride, v.dtype, s.rows, s.cols)
+        v = self.to_matrix(self.expr(s.value))
+        lanes = s.rows * s.cols
+        name = f"llvm.matrix.column.major.store.{_msuffix(s.value.dtype, lanes)}.i64"
+        args = self.matrix_args(s.buf, s.index, s.stride, s.value.dtype, s.rows, s.cols)
         self.emit(self.call(name, "void", [v, *args]))
 
     def widen(self, v: _Val, lanes: int) -> _Val:
@@ -518,8 +548,7 @@ def render(module: k.Module, isa: Isa) -> str:
         for p in f.params:
             if p.dtype not in _SIZE:
                 raise TypeError(f"{f.name}: parameter {p.name} has unknown type {p.dtype}")
-    if _check_vectors(module, isa):
-        _enable_matrix_lowering()
+    _check_vectors(module, isa)
     state = _ModuleState(module, isa)
     bodies = [_FunctionWriter(state, f).render() for f in module.functions]
     return "\n".join([
@@ -560,10 +589,3 @@ def _check_vectors(module: k.Module, isa: Isa) -> bool:
         found = found or bool(shapes)
     return found
 
-
-@functools.cache
-def _enable_matrix_lowering() -> None:
-    """LLVM's -O3 pipeline lowers the ``llvm.matrix.*`` intrinsics only under
-    ``-enable-matrix`` (clang's -fenable-matrix); unlowered, code generation aborts the
-    process. The option is process-wide: set once, on the first module that needs it."""
-    llvm_binding.set_option("blacc", "-enable-matrix")

@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from blacc.bench.gemm import DEFAULT_SHAPES, QUICK_SHAPES, Shape
+from blacc.bench.gemm import DEFAULT_SHAPES, QUICK_SHAPES, Shape, parse_shape
 from blacc.bench.strategies import reference_checker, text_table
 from blacc.bench.timing import measure_interleaved, single_thread
 
@@ -147,13 +147,25 @@ class CompileRow:
     kernel: str
     init_s: float  # once per process: compiler probe (C) or LLVM target set-up
     lower_s: float  # schedule + lowering passes (the same for both backends)
-    build_s: float  # render + compile + load
+    build_s: float  # render + compile + load, wall clock
+    build_cpu_s: float  # the same in CPU time of the process and its compiler: less noisy
     build_samples: tuple[float, ...]
     repeats: int
     source_chars: int
 
 
-def _child(dtype: str, backend: str) -> dict[str, Any]:
+def _cpu_s() -> float:
+    """CPU seconds of this process and of its finished children (the C compiler)."""
+    try:
+        import resource
+    except ImportError:  # not POSIX: this process only
+        return time.process_time()
+    own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(
+        resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+def _child(dtype: str, backend: str, shape: Shape = COMPILE_SHAPE) -> dict[str, Any]:
     """In a fresh process: build the blis kernel cold and say how long each step took."""
     from blacc.ir.structured import matmul
     from blacc.runtime.build import build, host_compiler
@@ -168,7 +180,7 @@ def _child(dtype: str, backend: str) -> dict[str, Any]:
     if any(cache.iterdir()):
         raise SystemExit(f"cache {cache} is not empty: the build would not be cold")
     tgt = host_target()
-    plan = choose(*COMPILE_SHAPE, dtype, machine=tgt.machine, isa=tgt.isa, b_unit_cols=True)
+    plan = choose(*shape, dtype, machine=tgt.machine, isa=tgt.isa, b_unit_cols=True)
     t0 = time.perf_counter()
     if backend == "llvm":
         jit.cpu_id()
@@ -179,11 +191,12 @@ def _child(dtype: str, backend: str) -> dict[str, Any]:
     scheduled = apply(matmul(dtype), plan.schedule, name=f"blacc_gemm_{dtype}_{plan.strategy}",
                       known_strides=dict(plan.known_strides))
     final, _ = lower(scheduled, tgt.isa)
-    t2 = time.perf_counter()
+    t2, cpu2 = time.perf_counter(), _cpu_s()
     native = build(final, tgt.isa, backend=backend)
-    t3 = time.perf_counter()
+    t3, cpu3 = time.perf_counter(), _cpu_s()
     _smoke_test(native, dtype)
     return {"init_s": t1 - t0, "lower_s": t2 - t1, "build_s": t3 - t2,
+            "build_cpu_s": cpu3 - cpu2,
             "kernel": plan.describe(), "source_chars": len(native.source),
             "cache_files": sum(1 for p in cache.rglob("*") if p.is_file())}
 
@@ -200,13 +213,14 @@ def _smoke_test(native: Any, dtype: str) -> None:
         raise SystemExit("the freshly built kernel computed a wrong product")
 
 
-def _cold_build(dtype: str, backend: str) -> dict[str, Any]:
+def _cold_build(dtype: str, backend: str, shape: Shape = COMPILE_SHAPE) -> dict[str, Any]:
     """Run ``_child`` in a new interpreter with a new, empty cache directory."""
     cache = tempfile.mkdtemp(prefix="blacc-cold-")
     try:
         env = {**os.environ, "BLACC_CACHE_DIR": cache}
         proc = subprocess.run(
-            [sys.executable, "-m", "blacc.bench.backends", "--child", dtype, backend],
+            [sys.executable, "-m", "blacc.bench.backends", "--child", dtype, backend,
+             "--shape", "x".join(map(str, shape))],
             env=env, capture_output=True, text=True, timeout=600)
         if proc.returncode != 0:
             raise RuntimeError(f"cold build of {dtype} on {backend} failed:\n{proc.stderr}")
@@ -217,22 +231,24 @@ def _cold_build(dtype: str, backend: str) -> dict[str, Any]:
 
 def measure_cold_compile(dtypes: Sequence[str] = ("f32", "f64"),
                          backends: Sequence[str] = BACKENDS, repeats: int = 3,
-                         progress: Callable[[str], None] | None = None) -> list[CompileRow]:
-    """Median over ``repeats`` cold builds per (backend, dtype), interleaved across them."""
+                         progress: Callable[[str], None] | None = None,
+                         shape: Shape = COMPILE_SHAPE) -> list[CompileRow]:
+    """Median over ``repeats`` cold builds per (backend, dtype), interleaved across them;
+    the kernel is the one ``blacc.gemm`` picks for ``shape`` (blis by default)."""
     cases = [(backend, dtype) for backend in backends for dtype in dtypes]
     runs: dict[tuple[str, str], list[dict[str, Any]]] = {case: [] for case in cases}
     for i in range(repeats):
         for backend, dtype in cases:
             if progress is not None:
                 progress(f"cold build {i + 1}/{repeats}: {dtype} on {backend}")
-            runs[backend, dtype].append(_cold_build(dtype, backend))
+            runs[backend, dtype].append(_cold_build(dtype, backend, shape))
     rows = []
     for (backend, dtype), taken in runs.items():
         def median(field: str, taken: list[dict[str, Any]] = taken) -> float:
             return statistics.median(run[field] for run in taken)
 
         rows.append(CompileRow(backend, dtype, taken[0]["kernel"], median("init_s"),
-                               median("lower_s"), median("build_s"),
+                               median("lower_s"), median("build_s"), median("build_cpu_s"),
                                tuple(run["build_s"] for run in taken), len(taken),
                                taken[0]["source_chars"]))
     return rows
@@ -241,15 +257,16 @@ def measure_cold_compile(dtypes: Sequence[str] = ("f32", "f64"),
 def format_compile_table(rows: Sequence[CompileRow]) -> str:
     """Cold build times per (backend, dtype)."""
     body = [(r.backend, r.dtype, f"{r.build_s:.3f}", f"{min(r.build_samples):.3f}",
-             f"{r.init_s:.3f}", f"{r.lower_s:.3f}", f"{r.init_s + r.lower_s + r.build_s:.3f}",
-             f"{r.source_chars}") for r in rows]
-    headings = ("backend", "dtype", "build s (median)", "build s (min)", "+ init s",
+             f"{r.build_cpu_s:.3f}", f"{r.init_s:.3f}", f"{r.lower_s:.3f}",
+             f"{r.init_s + r.lower_s + r.build_s:.3f}", f"{r.source_chars}") for r in rows]
+    headings = ("backend", "dtype", "build s", "build s (min)", "build cpu s", "+ init s",
                 "+ lower s", "total s", "source chars")
     kernel = rows[0].kernel if rows else ""
     return (text_table(headings, body, left=2) + f"\n\nkernel: {kernel}; each build in a fresh "
             f"process with an empty BLACC_CACHE_DIR; median of {rows[0].repeats if rows else 0}"
-            "; build = render + compile + load; init = once per process (C: compiler probe, "
-            "LLVM: target set-up)")
+            " (wall clock unless cpu); build = render + compile + load; cpu = CPU time of the "
+            "process and its compiler; init = once per process (C: compiler probe, LLVM: "
+            "target set-up)")
 
 
 def backends_to_json(rows: Sequence[BackendRow], compile_rows: Sequence[CompileRow]) -> str:
@@ -270,8 +287,9 @@ def _main(argv: Sequence[str]) -> int:
     """The child entry: ``python -m blacc.bench.backends --child f32 llvm``."""
     parser = argparse.ArgumentParser()
     parser.add_argument("--child", nargs=2, metavar=("DTYPE", "BACKEND"), required=True)
-    dtype, backend = parser.parse_args(argv).child
-    print(json.dumps(_child(dtype, backend)))
+    parser.add_argument("--shape", type=parse_shape, default=COMPILE_SHAPE)
+    args = parser.parse_args(argv)
+    print(json.dumps(_child(*args.child, args.shape)))
     return 0
 
 

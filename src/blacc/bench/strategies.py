@@ -1,11 +1,13 @@
 """The seed's Figures 4-9 on this machine: SGEMM strategies against naive loops and NumPy.
 
-Strategies (seed 000, Section 4): *Intrinsic* (the whole GEMM as one matrix-multiply
-intrinsic; LLVM's idea, on the C backend its generic lowering), *Tiling* (blacc's
-``no_packing``: register tiles straight over the operands), *Tiling+Packing* (``blis``)
-and NumPy's BLAS, each as a speedup over *naive loops*: the plain i/j/k triple loop
-(``Tile((("i", 1), ("j", 1)))`` and nothing else) for the generic ISA, i.e. straightforward
-loops compiled at -O3 like the seed's baseline.
+Strategies (seed 000, Section 4), each on the C and the LLVM backend: *Intrinsic* (the
+whole GEMM as one fully unrolled matrix-multiply intrinsic call; on the C backend its
+generic lowering), *Tiling+Intrinsic* (the seed's Tiling: cache blocks without packing
+around intrinsic register tiles), *Tiling* (blacc's ``no_packing``: register tiles of outer
+products straight over the operands), *Tiling+Packing* (``blis``), and NumPy's BLAS; each
+as a speedup over *naive loops*: the plain i/j/k triple loop (``Tile((("i", 1), ("j",
+1)))`` and nothing else) for the generic ISA, i.e. straightforward loops compiled at -O3
+like the seed's baseline.
 
 Kernels are called straight through their compiled entry point, never ``blacc.gemm``
 (whose argument checks would dominate tiny sizes). By default a small JIT-compiled loop
@@ -30,7 +32,7 @@ import math
 import platform
 import statistics
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from types import ModuleType
@@ -47,9 +49,12 @@ from blacc.target.isa import GENERIC, Isa
 from blacc.transform.schedule import Tile
 
 __all__ = [
-    "DEFAULT_GROUPS", "FULL_GROUPS", "QUICK_GROUPS", "Candidate", "Result", "Timing",
-    "format_tables", "intrinsic_status", "naive_plan", "plot_gflops", "plot_speedups",
-    "reference_checker", "results_to_json", "run_strategies", "text_table",
+    "DEFAULT_GROUPS", "FULL_GROUPS", "FULL_TIMING", "QUICK_GROUPS", "QUICK_TIMING",
+    "STRATEGY_ORDER", "Candidate", "Result", "Timing", "candidates", "format_tables",
+    "inner_repeats", "intrinsic_plans", "intrinsic_status", "kernel_call",
+    "measure_overheads", "naive_plan", "packing_plan", "plot_gflops", "plot_speedups",
+    "reference_checker", "results_to_json", "run_size", "run_strategies", "text_table",
+    "tiling_plan",
 ]
 
 Groups = Mapping[str, Sequence[int]]
@@ -132,7 +137,7 @@ def naive_plan() -> Plan:
 
 
 def tiling_plan(isa: Isa) -> Plan:
-    """Seed's Tiling: register tiles over unpacked operands (blacc's ``no_packing``)."""
+    """Tiling: blacc's ``no_packing``, register tiles over the unpacked operands."""
     mr, nr, lanes = register_tile(DTYPE, isa)
     ku = 4
     strides = (("B_s1", 1), ("C_s1", 1)) if lanes > 1 else (("C_s1", 1),)
@@ -203,9 +208,10 @@ def intrinsic_plans(size: int, isa: Isa, intrinsic_max: int) -> dict[str, Plan |
     return plans
 
 
-def candidates(size: int, backends: Sequence[str], isa: Isa,
-               intrinsic_max: int = 32) -> list[Candidate]:
-    """Everything timed at one size: each strategy on each backend, then NumPy."""
+def candidates(size: int, backends: Sequence[str], isa: Isa, intrinsic_max: int = 32,
+               strategies: Collection[str] | None = None) -> list[Candidate]:
+    """Everything timed at one size: each strategy on each backend, then NumPy; only the
+    ``strategies`` labels named (naive loops always: they are the baseline)."""
     plans: list[tuple[str, Plan | str, Isa]] = [(NAIVE, naive_plan(), GENERIC)]
     plans += [(label, plan, isa) for label, plan in intrinsic_plans(size, isa,
                                                                      intrinsic_max).items()]
@@ -214,7 +220,9 @@ def candidates(size: int, backends: Sequence[str], isa: Isa,
                      plan if isinstance(plan, Plan) else None, plan_isa,
                      plan if isinstance(plan, str) else "")
            for label, plan, plan_isa in plans for backend in backends]
-    return [*out, Candidate("numpy", NUMPY, "numpy", None, None)]
+    out.append(Candidate("numpy", NUMPY, "numpy", None, None))
+    keep = None if strategies is None else {NAIVE, *strategies}
+    return [c for c in out if keep is None or c.strategy in keep]
 
 
 # ----------------------------------------------------------------------------- checks
@@ -254,11 +262,9 @@ def _repeat_driver(argtypes: tuple[Any, ...]) -> Any:
     and ORs the statuses; JIT-compiled with llvmlite (no C compiler needed)."""
     from blacc.backend import jit
 
-    types = [_IR_TYPES[t] for t in argtypes]
-    params = ", ".join(f"{t} %a{i}" for i, t in enumerate(types))
-    args = ", ".join(f"{t} %a{i}" for i, t in enumerate(types))
+    args = ", ".join(f"{_IR_TYPES[t]} %a{i}" for i, t in enumerate(argtypes))
     ir = f"""
-define i32 @blacc_repeat(ptr %fn, i64 %reps, {params}) {{
+define i32 @blacc_repeat(ptr %fn, i64 %reps, {args}) {{
 entry:
   br label %head
 head:
@@ -428,7 +434,8 @@ def _measure(prepared: Sequence[_Prepared], timing: Timing) -> dict[str, tuple[f
 
 
 def run_size(group: str, size: int, backends: Sequence[str], isa: Isa, timing: Timing,
-             baseline: str, direct: bool = False, intrinsic_max: int = 32) -> list[Result]:
+             baseline: str, direct: bool = False, intrinsic_max: int = 32,
+             strategies: Collection[str] | None = None) -> list[Result]:
     """Verify and time every candidate at M = N = K = ``size``."""
     rng = np.random.default_rng(size)
     a = rng.uniform(-1.0, 1.0, (size, size)).astype(_NP_DTYPE)
@@ -438,7 +445,7 @@ def run_size(group: str, size: int, backends: Sequence[str], isa: Isa, timing: T
     repeats = 1 if direct else inner_repeats(size)
     with single_thread():
         prepared = [_prepare(cand, a, b, c, check, repeats)
-                    for cand in candidates(size, backends, isa, intrinsic_max)]
+                    for cand in candidates(size, backends, isa, intrinsic_max, strategies)]
         measured = _measure(prepared, timing)
     base = measured.get(baseline, (math.nan,))[0]
     results = []
@@ -454,10 +461,12 @@ def run_size(group: str, size: int, backends: Sequence[str], isa: Isa, timing: T
 def run_strategies(groups: Groups, *, backends: Sequence[str] = ("c", "llvm"),
                    timing: Timing = FULL_TIMING, baseline: str | None = None,
                    direct: bool = False, intrinsic_max: int = 32,
+                   strategies: Collection[str] | None = None,
                    progress: Callable[[str], None] | None = None) -> list[Result]:
     """Every size of every group; ``baseline`` defaults to naive loops on the first backend;
     ``direct``: one ctypes call per kernel call instead of the compiled repeat loop;
-    ``intrinsic_max``: the largest size given the (fully unrolled) Intrinsic strategy."""
+    ``intrinsic_max``: the largest size given the (fully unrolled) Intrinsic strategy;
+    ``strategies``: labels to run (default all of ``STRATEGY_ORDER``)."""
     from blacc.runtime.gemm import host_target
 
     baseline = baseline or f"{NAIVE.lower()}[{backends[0]}]"
@@ -468,7 +477,7 @@ def run_strategies(groups: Groups, *, backends: Sequence[str] = ("c", "llvm"),
             if progress is not None:
                 progress(f"{group} {size}x{size}x{size}")
             results += run_size(group, size, backends, isa, timing, baseline, direct,
-                                intrinsic_max)
+                                intrinsic_max, strategies)
     return results
 
 
@@ -589,7 +598,7 @@ def plot_gflops(results: Sequence[Result], out_dir: Path, title: str = "") -> Pa
                     label=key)
     sizes = sorted({r.size for r in results})
     ax.set_xscale("log", base=2)
-    ax.set_xticks(sizes, [str(n) for n in sizes])
+    ax.set_xticks(sizes, [str(n) for n in sizes], fontsize=8)
     ax.minorticks_off()
     ax.set_xlabel("M = N = K")
     ax.set_ylabel("GFLOPS (one core)")

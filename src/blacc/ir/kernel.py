@@ -459,8 +459,9 @@ class MatrixLoad(Expr):
 @dataclass(frozen=True, eq=True)
 class MatrixMultiply(Expr):
     """(rows x inner) @ (inner x cols) of two column-major matrix values, a column-major
-    ``rows x cols`` value (``llvm.matrix.multiply``). Each element is the sum over the inner
-    dimension, in order; multiply-adds may be fused."""
+    ``rows x cols`` value (``llvm.matrix.multiply``). The order of each element's sum and the
+    fusing of multiply-adds are left to the backend (LLVM's ``contract``), and so is folding
+    an accumulation ``acc + product`` into the sum: results agree up to rounding."""
 
     a: Expr
     b: Expr

@@ -20,8 +20,9 @@ import numpy as np
 
 from ..errors import AliasingError, ArgumentError, DTypeError, ShapeError
 from ..ir.dtypes import float_type_of
-from ..ir.structured import Contraction, matmul
-from ..strategy.gemm import Plan, choose
+from ..ir.structured import Contraction
+from ..strategy.gemm import STRATEGIES, Plan, plan_for
+from ..strategy.intrinsic import matrix_kr, plan_contraction
 from ..target.isa import Isa, isa_for
 from ..target.machine import Machine, detect_machine
 from ..transform.apply import apply
@@ -56,10 +57,10 @@ class GemmKernel:
 def gemm_kernel(dtype: str, plan: Plan, isa: Isa, backend: str = "c") -> GemmKernel:
     """Apply the plan's schedule, lower it for ``isa`` and compile it with ``backend``
     ('c' or 'llvm'; memoized)."""
-    op = matmul(dtype)
-    name = f"blacc_gemm_{dtype}_{plan.strategy}"
+    op = plan_contraction(plan, dtype)
+    name = f"blacc_gemm_{dtype}_{plan.strategy.replace('-', '_')}"
     scheduled = apply(op, plan.schedule, name=name, known_strides=dict(plan.known_strides))
-    final, passes = lower(scheduled, isa)
+    final, passes = lower(scheduled, isa, backend=backend, matrix_kr=matrix_kr(plan))
     levels = (("schedule", scheduled), *passes)
     return GemmKernel(dtype, plan, op, levels, build(final, isa, backend=backend))
 
@@ -154,28 +155,38 @@ def _ptr(x: np.ndarray) -> int:
     return x.ctypes.data
 
 
-#: (target, backend, dtype, m, n, k, B has unit column stride) -> compiled kernel, so the
-#: per-call cost of choosing is one dict lookup. Bounded: cleared past the limit.
-_DISPATCH: dict[tuple, NativeKernel] = {}
+#: (target, backend, strategy, dtype, m, n, k, unit column strides of A and B) -> compiled
+#: kernel, so the per-call cost of choosing is one dict lookup. Bounded: cleared past the
+#: limit.
+_DISPATCH: dict[tuple, tuple[NativeKernel, bool]] = {}
 _DISPATCH_LIMIT = 4096
 
 
-def dispatch(tgt: Target, backend: str, dtype: str, m: int, n: int, k: int,
-             b_unit: bool) -> NativeKernel:
-    """The compiled kernel for one problem shape on ``tgt`` with ``backend``."""
-    key = (id(tgt), backend, dtype, m, n, k, b_unit)
-    kernel = _DISPATCH.get(key)
-    if kernel is None:
-        plan = choose(m, n, k, dtype, machine=tgt.machine, isa=tgt.isa, b_unit_cols=b_unit)
+def dispatch(tgt: Target, backend: str, strategy: str, dtype: str, m: int, n: int, k: int,
+             a_unit: bool, b_unit: bool) -> tuple[NativeKernel, bool]:
+    """The compiled kernel for one problem shape on ``tgt`` with ``backend``, and whether
+    its entry takes the extents (fixed-size kernels have them compiled in)."""
+    key = (id(tgt), backend, strategy, dtype, m, n, k, a_unit, b_unit)
+    found = _DISPATCH.get(key)
+    if found is None:
+        plan = plan_for(strategy, m, n, k, dtype, machine=tgt.machine, isa=tgt.isa,
+                        a_unit_cols=a_unit, b_unit_cols=b_unit)
         kernel = gemm_kernel(dtype, plan, tgt.isa, backend).native
+        entry = kernel.module.function(kernel.module.entry)
+        found = (kernel, entry.params[0].dtype == "i64")
         if len(_DISPATCH) >= _DISPATCH_LIMIT:
             _DISPATCH.clear()
-        _DISPATCH[key] = kernel
-    return kernel
+        _DISPATCH[key] = found
+    return found
 
 
-def run_gemm(call: GemmCall, target: Target | None = None, backend: str = "c") -> np.ndarray:
-    """Execute a checked call with ``backend`` ('c' or 'llvm'); returns the user's C."""
+def run_gemm(call: GemmCall, target: Target | None = None, backend: str = "c",
+             strategy: str = "auto") -> np.ndarray:
+    """Execute a checked call with ``backend`` ('c' or 'llvm') and ``strategy`` (one of
+    ``strategy.gemm.STRATEGIES``); returns the user's C."""
+    if strategy not in STRATEGIES:
+        raise ArgumentError(f"unknown strategy {strategy!r}: choose one of "
+                            f"{', '.join(STRATEGIES)}")
     a, b, c = call.a, call.b, call.c
     m, n = c.shape
     k = a.shape[1]
@@ -198,9 +209,10 @@ def run_gemm(call: GemmCall, target: Target | None = None, backend: str = "c") -
     a, b = _in_place_or_copy(a), _in_place_or_copy(b)
     mk, nk = out_k.shape
     size = a.itemsize
-    kernel = dispatch(target or host_target(), backend, call.dtype, mk, nk, k,
-                      b.strides[1] == size)
-    status = kernel.function(mk, nk, k, call.alpha, _ptr(a), a.strides[0] // size,
+    kernel, takes_extents = dispatch(target or host_target(), backend, strategy, call.dtype,
+                                     mk, nk, k, a.strides[1] == size, b.strides[1] == size)
+    extents = (mk, nk, k) if takes_extents else ()
+    status = kernel.function(*extents, call.alpha, _ptr(a), a.strides[0] // size,
                            a.strides[1] // size, _ptr(b), b.strides[0] // size,
                            b.strides[1] // size, call.beta, _ptr(out_k),
                            out_k.strides[0] // size, out_k.strides[1] // size)

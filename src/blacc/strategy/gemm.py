@@ -65,6 +65,14 @@ def register_tile(dtype: str, isa: Isa) -> tuple[int, int, int]:
     return accumulators // nv, nv * lanes, lanes
 
 
+#: Strategy names a caller may ask for; 'auto' picks per shape (``choose``). The names
+#: follow seed 000: Tiling+Packing (blis), Tiling (no packing), Intrinsic (the whole
+#: product as LLVM matrix-multiply calls, fixed sizes), Tiling with the intrinsic.
+STRATEGIES = ("auto", "blis", "tiling", "intrinsic", "tiling-intrinsic")
+
+#: The largest product the 'intrinsic' strategy unrolls (compile time grows with it).
+INTRINSIC_MAX_WORK = 32 * 32 * 32
+
 #: Below this many multiply-adds the copies of packing cost more than they save.
 SMALL_WORK = 48 * 48 * 48
 
@@ -83,3 +91,40 @@ def choose(m: int, n: int, k: int, dtype: str, *, machine: Machine, isa: Isa,
     blk = blis_blocking(machine, dtype_size=size, mr=mr, nr=nr)
     params = (("mc", blk.mc), ("kc", blk.kc), ("nc", blk.nc), ("mr", mr), ("nr", nr), ("ku", ku))
     return Plan("blis", params, blis(blk.mc, blk.kc, blk.nc, mr, nr, ku, lanes), (("C_s1", 1),))
+
+
+def plan_for(strategy: str, m: int, n: int, k: int, dtype: str, *, machine: Machine, isa: Isa,
+             a_unit_cols: bool, b_unit_cols: bool) -> Plan:
+    """The plan of a named strategy for one shape ('auto': ``choose``)."""
+    from ..errors import ScheduleError
+    from . import intrinsic
+
+    mr, nr, lanes = register_tile(dtype, isa)
+    if strategy == "auto":
+        return choose(m, n, k, dtype, machine=machine, isa=isa, b_unit_cols=b_unit_cols)
+    if strategy == "blis":
+        size = 4 if dtype == "f32" else 8
+        blk = blis_blocking(machine, dtype_size=size, mr=mr, nr=nr)
+        params = (("mc", blk.mc), ("kc", blk.kc), ("nc", blk.nc), ("mr", mr), ("nr", nr),
+                  ("ku", 4))
+        return Plan("blis", params, blis(blk.mc, blk.kc, blk.nc, mr, nr, 4, lanes),
+                    (("C_s1", 1),))
+    unit = b_unit_cols or lanes == 1
+    if strategy == "tiling":
+        if not unit:
+            raise ScheduleError("strategy 'tiling' reads B in place and needs its rows "
+                                "contiguous (unit column stride)")
+        strides = (("B_s1", 1), ("C_s1", 1)) if lanes > 1 else (("C_s1", 1),)
+        return Plan("no_packing", (("mr", mr), ("nr", nr), ("ku", 4)),
+                    no_packing(mr, nr, 4, lanes), strides)
+    if not (a_unit_cols and b_unit_cols):
+        raise ScheduleError(f"strategy {strategy!r} needs A and B with contiguous rows")
+    if strategy == "intrinsic":
+        if m * n * k > INTRINSIC_MAX_WORK:
+            raise ScheduleError(f"strategy 'intrinsic' unrolls the whole {m}x{n}x{k} product "
+                                f"and is for tiny sizes (m*n*k <= {INTRINSIC_MAX_WORK}); use "
+                                "'tiling-intrinsic'")
+        return intrinsic.intrinsic(m, n, k, lanes=lanes)
+    if strategy == "tiling-intrinsic":
+        return intrinsic.tiling_intrinsic(mr, nr, lanes=lanes)
+    raise ScheduleError(f"unknown strategy {strategy!r}: choose one of {', '.join(STRATEGIES)}")

@@ -19,8 +19,9 @@ and one of A a column-major ``kr x mr`` matrix (stride a_rs)::
 
 Edge tiles, and strides the intrinsics do not allow (a column stride below the column
 height, e.g. negative leading dimensions), keep the tile operations: ``lower_tiles``
-turns them into blacc's outer products. With a constant k the k steps are unrolled: the
-seed's "Intrinsic" strategy, where the whole product is a few intrinsic calls.
+turns them into blacc's outer products (``UnrollJam`` and ``Prefetch`` apply to those
+only; ``kr`` is the intrinsic path's unrolling). With a constant k the k steps are
+unrolled: the seed's "Intrinsic" strategy, where the whole product is a few calls.
 
 ``expand_matrix(module, isa)`` is the generic lowering: each matrix value is split into
 chunks of its columns (ISA vectors, then scalars), a multiply becomes broadcast FMAs::
@@ -34,10 +35,14 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
+from typing import TypeVar
 
 from ..errors import ScheduleError
 from ..ir import kernel as k
+from ..ir.printer import expr as show
 from ..target.isa import Isa
+
+_S = TypeVar("_S", bound=k.Stmt)
 
 #: A constant k loop of at most this many kr steps is unrolled into straight-line calls.
 MAX_UNROLLED_STEPS = 32
@@ -46,9 +51,10 @@ MAX_UNROLLED_STEPS = 32
 # ----------------------------------------------------------------------------- tiles -> matrix
 
 
-def lower_tiles_to_matrix_intrinsic(module: k.Module, isa: Isa, kr: int = 4) -> k.Module:
+def lower_tiles_to_matrix_intrinsic(module: k.Module, isa: Isa, kr: int = 1) -> k.Module:
     """Register tiles as ``MatrixLoad``/``MatrixMultiply``/``MatrixStore`` with inner block
-    ``kr``; edge tiles keep their tile operations (lower them with ``lower_tiles`` next)."""
+    ``kr``; edge tiles keep their tile operations (lower them with ``lower_tiles`` next).
+    ``isa`` is unused (the matrices are target-independent); passes take one."""
     if not isinstance(kr, int) or isinstance(kr, bool) or kr < 1:
         raise ScheduleError(f"matrix intrinsic: kr must be a positive integer, got {kr!r}")
     funcs = tuple(k.Function(f.name, f.params, _tiles_body(f.body, kr), f.exported)
@@ -79,7 +85,7 @@ def _tiles_body(body: tuple[k.Stmt, ...], kr: int) -> tuple[k.Stmt, ...]:
     return tuple(out)
 
 
-def _take(rest: list[k.Stmt], kind: type, tile: k.Tile, before: list[k.Stmt]):
+def _take(rest: list[k.Stmt], kind: type[_S], tile: k.Tile, before: list[k.Stmt]) -> _S:
     """Remove the next ``kind`` statement of ``tile`` from ``rest``; plain statements in
     front of it go to ``before``."""
     while rest:
@@ -105,15 +111,9 @@ class _Shape:
 def _unit(stride: k.Expr, what: str) -> None:
     if stride != k.Const(1):
         raise ScheduleError(
-            f"matrix intrinsic: {what} must have unit stride (got {_show(stride)}); the "
+            f"matrix intrinsic: {what} must have unit stride (got {show(stride)}); the "
             "intrinsic path needs a row-major C, B with unit column stride and an unpacked A "
             "with unit stride along k (fix A_s1, B_s1, C_s1 = 1 in known_strides)")
-
-
-def _show(e: k.Expr) -> str:
-    from ..ir.printer import expr
-
-    return expr(e)
 
 
 def _tile(zero: k.TileZero, mma: k.TileMMA, store: k.TileStore, kr: int) -> list[k.Stmt]:
@@ -144,6 +144,10 @@ def _tile(zero: k.TileZero, mma: k.TileMMA, store: k.TileStore, kr: int) -> list
     return [k.If(cond, tuple(fast), (zero, mma, store))]
 
 
+def _splat(x: k.Expr, lanes: int) -> k.Expr:
+    return k.Broadcast(x, lanes) if lanes > 1 else x
+
+
 def _acc(shape: _Shape) -> k.Var:
     return k.Var("macc", shape.dtype, shape.mr * shape.nr)
 
@@ -164,7 +168,7 @@ def _k_steps(mma: k.TileMMA, shape: _Shape, kr: int) -> list[k.Stmt]:
         blocks = [(q * kr, kr) for q in range(steps)] + ([(steps * kr, rem)] if rem else [])
         return [_update(mma, shape, k.Const(p), inner, first=n == 0)
                 for n, (p, inner) in enumerate(blocks)]
-    zero = k.Decl(_acc(shape), k.Broadcast(k.Const(0.0, shape.dtype), shape.mr * shape.nr))
+    zero = k.Decl(_acc(shape), _splat(k.Const(0.0, shape.dtype), shape.mr * shape.nr))
     p, main = k.Var("pm"), k.Var("kmain_m")
     return [zero,
             k.Decl(main, kc - k.Bin("%", kc, k.Const(kr))),
@@ -176,9 +180,9 @@ def _store(s: k.TileStore, shape: _Shape) -> list[k.Stmt]:
     """C^T = alpha * macc (+ beta * C^T), never reading C when beta == 0."""
     lanes, dt = shape.mr * shape.nr, shape.dtype
     index, stride = s.c.at(0, 0), s.c.rs
-    scaled = k.Bin("*", k.Broadcast(s.alpha, lanes), _acc(shape))
+    scaled = k.Bin("*", _splat(s.alpha, lanes), _acc(shape))
     old = k.MatrixLoad(s.c.buf, index, stride, shape.nr, shape.mr, dt)
-    with_c = k.Fma(k.Broadcast(s.beta, lanes), old, scaled)
+    with_c = k.Fma(_splat(s.beta, lanes), old, scaled)
     return [k.If(k.Bin("==", s.beta, k.Const(0.0, dt)),
                  (k.MatrixStore(s.c.buf, index, stride, scaled, shape.nr, shape.mr),),
                  (k.MatrixStore(s.c.buf, index, stride, with_c, shape.nr, shape.mr),))]
@@ -274,7 +278,7 @@ class _Expander:
         heights: dict[str, int] = {}
         for _ in range(3):
             for s in _statements(body):
-                if isinstance(s, (k.Decl, k.Assign)) and s.var.lanes > 1:
+                if isinstance(s, (k.Decl, k.Assign)):
                     h = _height(s.value, heights)
                     if h is not None:
                         heights.setdefault(s.var.name, h)
@@ -298,7 +302,7 @@ class _Expander:
             if has_matrix_values(s.cond):
                 raise ScheduleError("expand_matrix: a matrix value in a condition")
             return [k.If(s.cond, self.stmts(s.then), self.stmts(s.orelse))]
-        if isinstance(s, (k.Decl, k.Assign)) and s.var.lanes > 1 and s.var.name in self.heights:
+        if isinstance(s, (k.Decl, k.Assign)) and s.var.name in self.heights:
             pre, value = self.bind_operands(s.value)
             kind = type(s)
             rows = self.heights[s.var.name]
@@ -321,7 +325,8 @@ class _Expander:
 
     @staticmethod
     def chunk_var(v: k.Var, lo: int, w: int) -> k.Var:
-        return k.Var(f"{v.name}_{lo}", v.dtype, w)
+        """The variable holding lanes [lo, lo + w) of ``v`` (a 1x1 matrix is itself)."""
+        return v if v.lanes == 1 else k.Var(f"{v.name}_{lo}", v.dtype, w)
 
     def bind_operands(self, e: k.Expr) -> tuple[list[k.Stmt], k.Expr]:
         """Load each multiply's left operand once, into a temporary of chunks, since every
@@ -355,12 +360,12 @@ class _Expander:
     # ------------------------------------------------------------------ one piece of a value
     def piece(self, e: k.Expr, lo: int, w: int) -> k.Expr:  # noqa: C901 - one case per node
         """Lanes [lo, lo + w) of the matrix-shaped value ``e`` as plain IR."""
-        if e.lanes == 1:
+        if isinstance(e, k.Broadcast):
+            return self.piece(e.value, lo, w)
+        if e.lanes == 1 and not has_matrix_values(e):  # a scalar, the same in every lane
             return k.Broadcast(e, w) if w > 1 else e
         if isinstance(e, k.Const):
             return self.piece(k.Const(e.value, e.dtype), lo, w)
-        if isinstance(e, k.Broadcast):
-            return self.piece(e.value, lo, w)
         if isinstance(e, k.Var):
             rows = self.heights.get(e.name)
             if rows is None or (lo, w) not in self.chunks(e.dtype, e.lanes, rows):
