@@ -143,7 +143,9 @@ def emit(program: object, output: str | Path, *, name: str | None = None,
     intrinsics), 'avx2', or 'generic' (plain C99 for any compiler)."""
     out = Path(output)
     fname = name or re.sub(r"\W", "_", out.stem)
-    p = plan(program, name=fname, target=target, search=search, **operands)
+    measure = _measurer(program, fname, operands) if search != "model" else None
+    p = plan(program, name=fname, target=target, search=search, measure_with=measure,
+             **operands)
     header, source = standalone_c(p)
     c_path, h_path = out.with_suffix(".c"), out.with_suffix(".h")
     h_path.write_text(header, encoding="utf-8")
@@ -156,7 +158,7 @@ def _param_doc(s: ArgSpec) -> str:
     if s.kind == "scalar":
         how = "by value" if s.role == "in" else "by pointer to one element"
         return f"{s.name}: scalar, {role}, {how}"
-    if s.cols == 1 or s.rows == 1:
+    if (s.cols == 1 or s.rows == 1) and s.leading_dimension == 1:
         return f"{s.name}: vector of {s.rows * s.cols} contiguous elements, {role}"
     order = "row-major" if s.layout == "row" else "column-major"
     return (f"{s.name}: {s.rows}x{s.cols} matrix, {role}, {order}, "

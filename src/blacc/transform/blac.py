@@ -112,10 +112,6 @@ def storages(program: ix.Program, specs: tuple[ArgSpec, ...]) -> dict[str, _Stor
             out[o.name] = _Storage(o.name, 0, 0, k.Var(o.name, program.dtype))
         elif s.kind != ARRAY:
             out[o.name] = _Storage(o.name, 0, 0)
-        elif o.cols == 1:
-            out[o.name] = _Storage(o.name, 1, 0)
-        elif o.rows == 1:
-            out[o.name] = _Storage(o.name, 0, 1)
         elif s.layout == "row":
             out[o.name] = _Storage(o.name, s.leading_dimension, 1)
         else:

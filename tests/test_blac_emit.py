@@ -1,0 +1,248 @@
+"""blacc.emit: a standalone .c/.h pair that compiles warning-free on its own, links into a
+shared library and computes the program (called through ctypes with NumPy buffers).
+
+* target 'generic': ``cc -std=c99 -pedantic -Wall -Wextra -Werror``, no intrinsics;
+* targets 'host' and 'avx2': ``cc -std=c99 -O2 -Wall -Wextra -Werror -mavx2 -mfma``
+  (skipped when the CPU lacks AVX2 or FMA, or no ``cc`` is found).
+
+Arrays are passed as flat buffers laid out as the declarations say (column-major with a
+leading dimension, row-major with ld > cols), surrounded by sentinels that must survive;
+scalar outputs are passed by pointer.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import blacc
+from blacc.blacs import plan
+from blacc.target.machine import detect_machine
+from test_blac_programs import (
+    SENTINEL,
+    assert_matches,
+    check_untouched,
+    interp_buffers,
+    make_values,
+    read_buffer,
+)
+
+M, V, S = blacc.Matrix, blacc.Vector, blacc.Scalar
+CC = shutil.which("cc")
+pytestmark = pytest.mark.skipif(CC is None, reason="no C compiler 'cc' on PATH")
+
+HAS_AVX2 = detect_machine().has("avx2", "fma")
+GENERIC_FLAGS = ["-std=c99", "-pedantic", "-Wall", "-Wextra", "-Werror", "-O2"]
+AVX2_FLAGS = ["-std=c99", "-O2", "-Wall", "-Wextra", "-Werror", "-mavx2", "-mfma"]
+needs_avx2 = pytest.mark.skipif(not HAS_AVX2, reason="the CPU lacks AVX2 or FMA")
+
+TARGETS = [pytest.param("generic", id="generic"),
+           pytest.param("avx2", id="avx2", marks=needs_avx2)]
+
+
+def flags_for(target: str) -> list[str]:
+    return GENERIC_FLAGS if target == "generic" else AVX2_FLAGS
+
+
+def build(c_path: Path, target: str) -> ctypes.CDLL:
+    """Compile ``c_path`` with the target's strict flags into a shared library; load it."""
+    lib = c_path.with_suffix(".so")
+    cmd = [CC, *flags_for(target), "-fPIC", "-shared", str(c_path), "-o", str(lib)]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    assert proc.returncode == 0, f"{' '.join(cmd)}\n{proc.stderr}"
+    assert proc.stderr == "", proc.stderr  # not even a note
+    return ctypes.CDLL(str(lib))
+
+
+def call(fn, specs, dtype: str, values: dict, *, misalign: bool) -> dict:
+    """Call the emitted function on sentinel-padded buffers; return the buffers by name."""
+    bufs = interp_buffers(specs, values, dtype)
+    ctype = ctypes.c_float if dtype == "f32" else ctypes.c_double
+    args, argtypes = [], []
+    for s in specs:
+        b = bufs[s.name]
+        if isinstance(b, np.ndarray):
+            if misalign:  # start one element past an aligned address
+                shifted = np.full(b.size + 1, SENTINEL, b.dtype)
+                shifted[1:] = b
+                b = bufs[s.name] = shifted[1:]
+            args.append(b.ctypes.data_as(ctypes.c_void_p))
+            argtypes.append(ctypes.c_void_p)
+        else:
+            args.append(ctype(b))
+            argtypes.append(ctype)
+    fn.argtypes, fn.restype = argtypes, ctypes.c_int
+    assert fn(*args) == 0
+    return bufs
+
+
+def emit_and_run(tmp_path: Path, source: str, decls: dict, dtype: str, target: str,
+                 name: str = "kern", *, misalign: bool = False, seed: int = 0) -> tuple:
+    c_path, h_path = blacc.emit(source, tmp_path / name, target=target, **decls)
+    assert c_path == tmp_path / f"{name}.c" and h_path == tmp_path / f"{name}.h"
+    p = plan(source, name=name, target=target, **decls)
+    lib = build(c_path, target)
+    values = make_values(decls, dtype, np.random.default_rng(seed))
+    before = {n: np.array(v) for n, v in values.items() if isinstance(v, np.ndarray)}
+    bufs = call(getattr(lib, name), p.specs, dtype, values, misalign=misalign)
+    got = {}
+    for s in p.specs:
+        b = bufs[s.name]
+        if s.kind == "scalar":
+            if s.role != "in":
+                got[s.name] = float(b[0])
+            continue
+        check_untouched(s, b)
+        value = read_buffer(s, b)
+        if s.role == "in":
+            np.testing.assert_array_equal(value.reshape(-1), before[s.name].reshape(-1))
+        else:
+            got[s.name] = value
+    assert_matches(p.typed, values, got, f"{source} {target} {dtype}")
+    return c_path, h_path, p
+
+
+CASES = [
+    ("gemv-f32", "y = alpha*A*x + beta*y", "f32",
+     dict(A=M(7, 13, "f32"), x=V(13, "f32"), y=V(7, "f32"), alpha=S("f32"), beta=S("f32"))),
+    ("bilinear-f64", "alpha = x'*A*y", "f64",
+     dict(x=V(6), A=M(6, 9), y=V(9), alpha=S())),
+    ("fused-dot-f32", "beta = (A*x + alpha*y)'*z + beta", "f32",
+     dict(A=M(5, 3, "f32"), x=V(3, "f32"), y=V(5, "f32"), z=V(5, "f32"), alpha=S("f32"),
+          beta=S("f32"))),
+    ("gemm-layouts-f64", "C = alpha*A*B + beta*C", "f64",
+     dict(A=M(5, 7, layout="col", ld=9), B=M(7, 6, ld=10), C=M(5, 6, ld=8), alpha=S(),
+          beta=S())),
+    ("gemm-layouts-f32", "C = alpha*A*B + beta*C", "f32",
+     dict(A=M(9, 4, "f32", layout="col", ld=11), B=M(4, 11, "f32", ld=13),
+          C=M(9, 11, "f32", layout="col", ld=10), alpha=S("f32"), beta=S("f32"))),
+    ("chain-f64", "D = A*B*C", "f64",
+     dict(A=M(3, 5), B=M(5, 4), C=M(4, 6), D=M(3, 6))),
+    ("two-statements-f32", "t = A*x; y = B*t + y; s = t'*t", "f32",
+     dict(A=M(6, 5, "f32"), x=V(5, "f32"), t=V(6, "f32"), B=M(9, 6, "f32"), y=V(9, "f32"),
+          s=S("f32"))),
+]
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize(("case", "source", "dtype", "decls"), CASES, ids=[c[0] for c in CASES])
+def test_emitted_kernel_computes_the_program(tmp_path, case, source, dtype, decls, target):
+    c_path, h_path, p = emit_and_run(tmp_path, source, decls, dtype, target,
+                                     misalign=case.endswith("f32"), seed=len(case))
+    text = c_path.read_text()
+    assert text.startswith('#include "kern.h"\n')
+    if target == "generic":
+        assert "_mm" not in text and "immintrin" not in text and "__m256" not in text
+        assert "__m128" not in text
+    else:
+        assert "#include <immintrin.h>" in text
+
+
+@needs_avx2
+@pytest.mark.parametrize("case", [CASES[0], CASES[4]], ids=[CASES[0][0], CASES[4][0]])
+def test_host_target(tmp_path, case):
+    """'host' is this machine's ISA: AVX2 here, so the strict AVX2 flags apply."""
+    _, source, dtype, decls = case
+    c_path, _, p = emit_and_run(tmp_path, source, decls, dtype, "host", seed=7)
+    assert p.isa.name == "avx2"
+    assert "_mm256_" in c_path.read_text()
+
+
+def test_emitted_header_declares_and_documents(tmp_path):
+    source = "C = alpha*A*B + beta*C; s = x'*x + s"
+    decls = dict(A=M(3, 4, layout="col", ld=5), B=M(4, 2, ld=3), C=M(3, 2), alpha=S(),
+                 beta=S(), x=V(3), s=S())
+    c_path, h_path = blacc.emit(source, tmp_path / "my-kernel", target="generic", **decls)
+    assert h_path.name == "my-kernel.h"
+    header = h_path.read_text()
+    # the function (named after the file, '-' made '_'), declared once, in an include guard
+    proto = re.search(r"^int my_kernel\((.*)\);$", header, re.M)
+    assert proto, header
+    params = [re.sub(r"\s+", " ", x.strip()) for x in proto.group(1).split(",")]
+    assert params == ["double alpha", "const double *restrict A", "const double *restrict B",
+                      "double beta", "double *restrict C", "const double *restrict x",
+                      "double *restrict s"], params
+    assert "#ifndef MY_KERNEL_H" in header and "#define MY_KERNEL_H" in header
+    assert header.rstrip().endswith("#endif")
+    for doc in ("alpha: scalar, input, by value",
+                "A: 3x4 matrix, input, column-major, leading dimension 5",
+                "B: 4x2 matrix, input, row-major, leading dimension 3",
+                "C: 3x2 matrix, input and output, row-major, leading dimension 2",
+                "x: vector of 3 contiguous elements, input",
+                "s: scalar, input and output, by pointer to one element",
+                "element type f64", "plain C99", "Returns 0"):
+        assert doc in header, (doc, header)
+    assert "C = alpha*A*B + beta*C" in header
+    # the header compiles on its own, and a caller using it compiles and links
+    main = tmp_path / "main.c"
+    main.write_text('#include "my-kernel.h"\n'
+                    "int main(void) {\n"
+                    "    double A[20] = {0}, B[12] = {0}, C[6] = {0}, x[3] = {0}, s = 1;\n"
+                    "    return my_kernel(1.0, A, B, 0.5, C, x, &s);\n"
+                    "}\n")
+    exe = tmp_path / "main"
+    cmd = [CC, *GENERIC_FLAGS, str(main), str(c_path), "-o", str(exe)]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+    assert subprocess.run([str(exe)]).returncode == 0
+
+
+@needs_avx2
+def test_avx2_header_names_the_flags(tmp_path):
+    _, h_path = blacc.emit("y = A*x", tmp_path / "mv", target="avx2",
+                           A=M(5, 9, "f32"), x=V(9, "f32"), y=V(5, "f32"))
+    header = h_path.read_text()
+    assert "needs <immintrin.h> and -mavx2 -mfma" in header
+    assert "element type f32" in header
+    assert re.search(r"^int mv\(const float \*restrict A, const float \*restrict x, "
+                     r"float \*restrict y\);$", header, re.M), header
+
+
+def test_emit_name_and_padding_untouched(tmp_path):
+    """An explicit name; a row-major operand with ld > cols given as a padded NumPy buffer
+    whose padding (NaN: reading it would show) is neither read nor written."""
+    decls = dict(A=M(4, 6, ld=9), x=V(6), y=V(4), C=M(4, 6, ld=7))
+    source = "y = A*x; C = 2*A - C"
+    c_path, _ = blacc.emit(source, tmp_path / "file", name="custom_name", target="generic",
+                           **decls)
+    lib = build(c_path, "generic")
+    fn = lib.custom_name
+    fn.argtypes = [ctypes.c_void_p] * 4
+    fn.restype = ctypes.c_int
+    rng = np.random.default_rng(3)
+    Abuf = np.full((4, 9), np.nan)
+    Abuf[:, :6] = rng.uniform(-1, 1, (4, 6))
+    Cbuf = np.full((4, 7), -1.0)
+    Cbuf[:, :6] = rng.uniform(-1, 1, (4, 6))
+    C0 = Cbuf[:, :6].copy()
+    x = rng.uniform(-1, 1, 6)
+    y = np.full(4, np.nan)
+    p = plan(source, name="custom_name", target="generic", **decls)
+    # parameters: inputs (C is read, so it is one), then outputs that are not read
+    assert [s.name for s in p.specs] == ["A", "x", "C", "y"]
+    assert fn(*[a.ctypes.data_as(ctypes.c_void_p) for a in (Abuf, x, Cbuf, y)]) == 0
+    np.testing.assert_allclose(y, Abuf[:, :6] @ x, rtol=1e-13)
+    np.testing.assert_allclose(Cbuf[:, :6], 2 * Abuf[:, :6] - C0, rtol=1e-13)
+    assert np.isnan(Abuf[:, 6:]).all() and (Cbuf[:, 6:] == -1.0).all()
+
+
+def test_emit_accepts_a_dict_program(tmp_path):
+    A, x, y = M(3, 3), V(3), V(3)
+    c_path, h_path = blacc.emit({"y": A @ x + y}, tmp_path / "built", target="generic",
+                                A=A, x=x, y=y)
+    assert "int built(" in h_path.read_text()
+    build(c_path, "generic")
+
+
+@pytest.mark.parametrize("dtype", ["f32", "f64"])
+def test_generic_target_has_no_vectors_even_for_wide_sizes(tmp_path, dtype):
+    decls = dict(A=M(16, 17, dtype), x=V(17, dtype), y=V(16, dtype))
+    c_path, _, _ = emit_and_run(tmp_path, "y = A*x + y", decls, dtype, "generic")
+    text = c_path.read_text()
+    assert not re.search(r"_mm\d*_|__m\d+|immintrin", text)
