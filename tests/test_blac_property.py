@@ -140,7 +140,7 @@ def _check_interpreted(source: str, decls: dict, dtype: str, seed: int, target: 
     assert_matches(p.typed, values, got, f"{source!r} {decls} {p.schedule}")
 
 
-@settings(max_examples=120, deadline=None,
+@settings(max_examples=40, deadline=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(programs(), st.integers(0, 2**32 - 1), st.sampled_from(["avx2", "avx2", "generic"]))
 def test_random_program_interpreted(program, seed, target):
@@ -148,7 +148,7 @@ def test_random_program_interpreted(program, seed, target):
     _check_interpreted(source, decls, dtype, seed, target)
 
 
-@settings(max_examples=15, deadline=None,
+@settings(max_examples=8, deadline=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(programs(max_depth=2), st.integers(0, 2**32 - 1))
 def test_random_program_compiled(program, seed):

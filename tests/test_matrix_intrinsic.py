@@ -356,8 +356,9 @@ def _run_native(native, module: k.Module, plan: Plan, a, b, c, alpha, beta) -> N
     assert native.function(*(values[p.name] for p in entry.params)) == 0
 
 
-NATIVE_SHAPES = [(1, 1, 1), (1, 1, 7), (4, 4, 4), (8, 8, 8), (16, 16, 16), (5, 7, 3),
-                 (13, 17, 11)]
+# Whole-product intrinsic kernels compile slowly (the product is unrolled), so the native
+# builds keep to small shapes; 13x17x11 (edges) is covered once below.
+NATIVE_SHAPES = [(1, 1, 1), (1, 1, 7), (4, 4, 4), (8, 8, 8), (5, 7, 3)]
 
 
 def _native_plans(m, n, kk, dtype):
