@@ -187,6 +187,11 @@ class _Gen:
             return self.widen(b, lanes)
         if op in "+-" and isinstance(b, k.Const) and b.value == 0:
             return self.widen(a, lanes)
+        # a*b + c and c + a*b become one fused multiply-add
+        if op == "+" and isinstance(b, k.Bin) and b.op == "*" and lanes == b.lanes:
+            a, b = b, a
+        if op == "+" and isinstance(a, k.Bin) and a.op == "*" and lanes == a.lanes:
+            return k.Fma(a.a, a.b, self.widen(b, lanes))
         if op == "*" and isinstance(a, k.Const) and a.value == 1:
             return b
         if op == "*" and isinstance(b, k.Const) and b.value == 1:

@@ -88,12 +88,47 @@ def _op(target: str, e: t.TExpr, st: _State) -> ix.Op:
     return ix.Op(target, ("i", "j"), body)
 
 
+def _factors(n: ix.Node) -> list[ix.Node]:
+    if isinstance(n, ix.Mul):
+        return _factors(n.a) + _factors(n.b)
+    return [n]
+
+
+def _product(factors: list[ix.Node]) -> ix.Node:
+    out = factors[0]
+    for f in factors[1:]:
+        out = ix.Mul(out, f)
+    return out
+
+
+def hoist_invariant_factors(n: ix.Node) -> ix.Node:
+    """sum_k s * a(k) * b(k) -> s * sum_k a(k) * b(k) when s does not depend on k, so
+    ``alpha*A*B`` scales each result once instead of every product term.
+
+        Sum(k, Mul(Mul(alpha, A[i,k]), B[k,j]))  ->  Mul(alpha, Sum(k, Mul(A[i,k], B[k,j])))
+    """
+    if isinstance(n, ix.Neg):
+        return ix.Neg(hoist_invariant_factors(n.x))
+    if isinstance(n, (ix.Add, ix.Mul)):
+        return type(n)(hoist_invariant_factors(n.a), hoist_invariant_factors(n.b))
+    if not isinstance(n, ix.Sum):
+        return n
+    body = hoist_invariant_factors(n.body)
+    factors = _factors(body)
+    outside = [f for f in factors if n.index not in ix.indices_used(f) and not ix.has_sum(f)]
+    inside = [f for f in factors if f not in outside]
+    if not outside or not inside:
+        return ix.Sum(n.index, n.extent, body)
+    return ix.Mul(_product(outside), ix.Sum(n.index, n.extent, _product(inside)))
+
+
 def to_indexed(program: t.TypedProgram) -> ix.Program:
     """The program in index notation, one operation per statement plus temporaries."""
     st = _State()
     for stmt in program.statements:
         op = _op(stmt.target, stmt.expr, st)
         st.ops.append(op)
+    st.ops[:] = [ix.Op(op.out, op.dims, hoist_invariant_factors(op.body)) for op in st.ops]
     operands = [ix.Operand(n, *_shape(program, n)) for n in program.operands]
     return ix.Program((*operands, *st.temps), tuple(st.ops), program.dtype)
 
