@@ -1,0 +1,7 @@
+"""``python -m blacc ...`` is the ``blacc`` command."""
+
+import sys
+
+from .cli import main
+
+sys.exit(main())
