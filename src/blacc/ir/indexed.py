@@ -130,13 +130,6 @@ def has_sum(n: Node) -> bool:
     return isinstance(n, Sum) or any(has_sum(c) for c in children(n))
 
 
-def flops(n: Node) -> int:
-    """Floating-point operations to evaluate ``n`` once for all its free indices fixed."""
-    if isinstance(n, Sum):
-        return n.extent * (flops(n.body) + 1) - 1
-    return (1 if isinstance(n, (Add, Mul, Neg)) else 0) + sum(flops(c) for c in children(n))
-
-
 # ----------------------------------------------------------------------------- reference
 
 

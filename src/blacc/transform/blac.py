@@ -23,7 +23,6 @@ offsets; longer ones stay loops.
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -351,10 +350,6 @@ def candidates(program: ix.Program, op: ix.Op) -> list[OpSchedule]:
 def _sum_indices(n: ix.Node) -> list[str]:
     own = [n.index] if isinstance(n, ix.Sum) else []
     return own + [i for c in ix.children(n) for i in _sum_indices(c)]
-
-
-def all_schedules(program: ix.Program) -> Iterator[tuple[OpSchedule, ...]]:
-    yield from itertools.product(*(candidates(program, op) for op in program.ops))
 
 
 def entry_params(specs: tuple[ArgSpec, ...]) -> tuple[k.Param, ...]:
