@@ -46,6 +46,8 @@ def main() -> None:
     ap.add_argument("--shape", type=parse_shape, default=(1000, 1000, 1000))
     ap.add_argument("--cand", action="append", default=[], help="e.g. mc=144,kc=256,pfa=16")
     ap.add_argument("--samples", type=int, default=9)
+    ap.add_argument("--backend", action="append", choices=("c", "llvm"),
+                    help="compile every candidate with these backends (default: c)")
     args = ap.parse_args()
     m, n, k = args.shape
     npdt = np.float32 if args.dtype == "f32" else np.float64
@@ -55,13 +57,17 @@ def main() -> None:
     c = np.zeros((m, n), npdt)
     isa = host_target().isa
     fns = {}
+    backends = args.backend or ["c"]
     for text in args.cand or [""]:
-        fn = gemm_kernel(args.dtype, candidate_plan(text, args.dtype, args.shape), isa).native
+        for backend in backends:
+            plan = candidate_plan(text, args.dtype, args.shape)
+            fn = gemm_kernel(args.dtype, plan, isa, backend).native
 
-        def call(fn=fn) -> None:
-            fn(m, n, k, 1.0, a.ctypes.data, k, 1, b.ctypes.data, n, 1, 0.0, c.ctypes.data, n, 1)
+            def call(fn=fn) -> None:
+                fn(m, n, k, 1.0, a.ctypes.data, k, 1, b.ctypes.data, n, 1, 0.0, c.ctypes.data, n, 1)
 
-        fns[text or "model"] = call
+            label = text or "model"
+            fns[label if len(backends) == 1 else f"{label} [{backend}]"] = call
     fns["numpy"] = lambda: np.matmul(a, b, out=c)
     with single_thread():
         stats = measure_interleaved(fns, samples=args.samples)

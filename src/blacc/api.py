@@ -27,7 +27,7 @@ def gemm(A: np.ndarray, B: np.ndarray, C: np.ndarray | None = None, *, alpha: fl
     dtypes, a read-only C or a C that overlaps A or B.
 
     ``backend``: 'c' (system C compiler), 'llvm' (in-process JIT through llvmlite) or
-    'auto' (C when a compiler works, else LLVM); default ``$BLACC_BACKEND`` or 'auto'.
+    'auto' (LLVM when llvmlite loads, else C); default ``$BLACC_BACKEND`` or 'auto'.
     ``strategy``: 'auto' (chosen per shape), or one of seed 000's: 'blis' (Tiling+Packing),
     'tiling' (register tiles over the operands in place), 'intrinsic' (the whole product
     as LLVM matrix-multiply calls, compiled for this exact shape), 'tiling-intrinsic'."""

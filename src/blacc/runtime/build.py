@@ -6,7 +6,7 @@
 
 Both go through the disk cache (runtime.cache), keyed by a hash of the rendered source
 (which carries program, schedule and target), the toolchain's identity and flags, and
-blacc's version. ``auto`` is C when a working compiler is found, else LLVM.
+blacc's version. ``auto`` is LLVM when llvmlite loads, else C (see resolve_backend).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import Any
 from .. import __version__
 from ..backend import c as c_backend
 from ..backend.compiler import Compiler, compile_shared, find_compiler
-from ..errors import ArgumentError, CompilerError, CompilerNotFoundError
+from ..errors import ArgumentError, CompilerError
 from ..ir import kernel as k
 from ..target.isa import Isa
 from .cache import cache_key, default_cache
@@ -43,22 +43,29 @@ def host_compiler() -> Compiler:
 
 
 @functools.cache
-def _c_available() -> bool:
+def _llvm_available() -> bool:
     try:
-        host_compiler()
-    except CompilerNotFoundError:
+        from ..backend import jit
+
+        jit.host_target_machine()
+    except Exception:  # noqa: BLE001 - any failure to load llvmlite means "not available"
         return False
     return True
 
 
 def resolve_backend(backend: str | None) -> str:
     """'c' or 'llvm' for a requested backend: the argument, else $BLACC_BACKEND, else
-    'auto' (C when a working compiler exists, LLVM otherwise)."""
+    'auto': LLVM when llvmlite loads, the C compiler otherwise.
+
+    LLVM is preferred because it allocates the registers of the GEMM micro-kernel better:
+    its k loop is exactly mr*nr/vl FMAs, mr broadcasts and nr/vl loads of B per step,
+    where gcc 12 re-loads B vectors as memory operands and shuffles registers (5-15%
+    slower in the same process, benchmarks/tune_gemm.py --backend c --backend llvm)."""
     name = backend or os.environ.get("BLACC_BACKEND") or "auto"
     if name not in BACKENDS:
         raise ArgumentError(f"unknown backend {name!r}: choose one of {', '.join(BACKENDS)}")
     if name == "auto":
-        return "c" if _c_available() else "llvm"
+        return "llvm" if _llvm_available() else "c"
     return name
 
 

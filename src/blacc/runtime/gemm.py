@@ -12,6 +12,7 @@ handled as C^T = op(B)^T op(A)^T, which only swaps views.
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import numbers
 from dataclasses import dataclass
@@ -28,6 +29,7 @@ from ..target.machine import Machine, detect_machine
 from ..transform.apply import apply
 from ..transform.pipeline import lower
 from .build import NativeKernel, build
+from .gemmcall import gemm_caller
 
 
 @dataclass(frozen=True)
@@ -75,7 +77,17 @@ def _matrix(x: object, name: str) -> np.ndarray:
     return arr
 
 
+_NP_FLOAT_TYPES = {np.dtype(np.float32): "f32", np.dtype(np.float64): "f64"}
+
+
+def _float_type(d: np.dtype) -> str:
+    """float_type_of with a dictionary hit for the two dtypes blacc computes in."""
+    return _NP_FLOAT_TYPES.get(d) or float_type_of(d)
+
+
 def _scalar(x: object, name: str) -> float:
+    if type(x) is float:  # the common case, without the ABC check below
+        return x
     if isinstance(x, (bool, np.bool_)) or not isinstance(x, numbers.Real):
         raise ArgumentError(f"{name} must be a real number, got {type(x).__name__} {x!r}")
     return float(x)
@@ -120,8 +132,8 @@ def check_gemm(A: object, B: object, C: np.ndarray | None, alpha: object, beta: 
     """Validate everything before anything is written; allocate C when it is None."""
     a, b = _matrix(A, "A"), _matrix(B, "B")
     alpha_f, beta_f = _scalar(alpha, "alpha"), _scalar(beta, "beta")
-    dtype = float_type_of(a.dtype)
-    float_type_of(b.dtype)
+    dtype = _float_type(a.dtype)
+    _float_type(b.dtype)
     if a.dtype != b.dtype:
         raise DTypeError(f"A is {a.dtype} but B is {b.dtype}: blacc does not mix dtypes")
     opa = a.T if trans_a else a
@@ -136,7 +148,7 @@ def check_gemm(A: object, B: object, C: np.ndarray | None, alpha: object, beta: 
     if not isinstance(C, np.ndarray):
         raise ArgumentError(f"C must be a NumPy array, got {type(C).__name__}")
     c = _matrix(C, "C")
-    float_type_of(c.dtype)
+    _float_type(c.dtype)
     if c.dtype != a.dtype:
         raise DTypeError(f"C is {c.dtype} but A and B are {a.dtype}: blacc does not mix dtypes")
     if c.shape != (m, n):
@@ -152,20 +164,20 @@ def check_gemm(A: object, B: object, C: np.ndarray | None, alpha: object, beta: 
 
 
 def _ptr(x: np.ndarray) -> int:
-    return x.ctypes.data
+    return x.__array_interface__["data"][0]  # cheaper than x.ctypes.data
 
 
 #: (target, backend, strategy, dtype, m, n, k, unit column strides of A and B) -> compiled
 #: kernel, so the per-call cost of choosing is one dict lookup. Bounded: cleared past the
 #: limit.
-_DISPATCH: dict[tuple, tuple[NativeKernel, bool]] = {}
+_DISPATCH: dict[tuple, tuple[NativeKernel, bool, int]] = {}
 _DISPATCH_LIMIT = 4096
 
 
 def dispatch(tgt: Target, backend: str, strategy: str, dtype: str, m: int, n: int, k: int,
-             a_unit: bool, b_unit: bool) -> tuple[NativeKernel, bool]:
-    """The compiled kernel for one problem shape on ``tgt`` with ``backend``, and whether
-    its entry takes the extents (fixed-size kernels have them compiled in)."""
+             a_unit: bool, b_unit: bool) -> tuple[NativeKernel, bool, int]:
+    """The compiled kernel for one problem shape on ``tgt`` with ``backend``, whether its
+    entry takes the extents (fixed-size kernels have them compiled in), and its address."""
     key = (id(tgt), backend, strategy, dtype, m, n, k, a_unit, b_unit)
     found = _DISPATCH.get(key)
     if found is None:
@@ -173,7 +185,8 @@ def dispatch(tgt: Target, backend: str, strategy: str, dtype: str, m: int, n: in
                         a_unit_cols=a_unit, b_unit_cols=b_unit)
         kernel = gemm_kernel(dtype, plan, tgt.isa, backend).native
         entry = kernel.module.function(kernel.module.entry)
-        found = (kernel, entry.params[0].dtype == "i64")
+        address = ctypes.cast(kernel.function, ctypes.c_void_p).value or 0
+        found = (kernel, entry.params[0].dtype == "i64", address)
         if len(_DISPATCH) >= _DISPATCH_LIMIT:
             _DISPATCH.clear()
         _DISPATCH[key] = found
@@ -209,13 +222,18 @@ def run_gemm(call: GemmCall, target: Target | None = None, backend: str = "c",
     a, b = _in_place_or_copy(a), _in_place_or_copy(b)
     mk, nk = out_k.shape
     size = a.itemsize
-    kernel, takes_extents = dispatch(target or host_target(), backend, strategy, call.dtype,
-                                     mk, nk, k, a.strides[1] == size, b.strides[1] == size)
-    extents = (mk, nk, k) if takes_extents else ()
-    status = kernel.function(*extents, call.alpha, _ptr(a), a.strides[0] // size,
-                           a.strides[1] // size, _ptr(b), b.strides[0] // size,
-                           b.strides[1] // size, call.beta, _ptr(out_k),
-                           out_k.strides[0] // size, out_k.strides[1] // size)
+    kernel, takes_extents, address = dispatch(
+        target or host_target(), backend, strategy, call.dtype, mk, nk, k,
+        a.strides[1] == size, b.strides[1] == size)
+    callers = gemm_caller()
+    if callers is not None:
+        status = callers[call.dtype](address, takes_extents, call.alpha, a, b, call.beta, out_k)
+    else:  # no C compiler for the extension: ctypes
+        extents = (mk, nk, k) if takes_extents else ()
+        status = kernel.function(*extents, call.alpha, _ptr(a), a.strides[0] // size,
+                                 a.strides[1] // size, _ptr(b), b.strides[0] // size,
+                                 b.strides[1] // size, call.beta, _ptr(out_k),
+                                 out_k.strides[0] // size, out_k.strides[1] // size)
     if status != 0:
         raise MemoryError("blacc: the GEMM kernel could not allocate its packing buffers")
     if out is not c:
