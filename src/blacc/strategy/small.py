@@ -2,9 +2,10 @@
 
 Candidates come from ``transform.blac.candidates`` (index on lanes x register block).
 ``model`` (the default) generates each candidate's kernel IR and estimates cycles
-with no measuring: issue cost of the weighted instructions on two pipes, against the
-latency of the longest dependent FMA chain, plus a penalty when a block needs more
-accumulators than the target has registers. ``exhaustive`` and ``random`` compile
+with no measuring: the instructions on the FMA pipes, load and store ports they use,
+against the latency of the longest chain of dependent updates (per loop, the chain one
+iteration hands to the next), plus a penalty when a block needs more vector registers
+than the target has. ``exhaustive`` and ``random`` compile
 candidates and keep the fastest (LGen section 3.5).
 """
 
@@ -13,89 +14,212 @@ from __future__ import annotations
 import itertools
 import random
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from ..errors import ScheduleError
 from ..ir import indexed as ix
 from ..ir import kernel as k
 from ..runtime.signature import ArgSpec
 from ..target.isa import Isa
-from ..transform.blac import OpSchedule, build_module, candidates
+from ..transform.blac import OpSchedule, build_module, candidates, sums_of
 
 SEARCHES = ("model", "exhaustive", "random")
 
-#: Relative costs; AVX2 masked stores are slow on AMD cores, masked loads a little.
-_WEIGHTS = {"load": 1.0, "masked_load": 2.0, "store": 1.0, "masked_store": 12.0,
-            "arith": 1.0, "reduce": 5.0}
+#: A core like Zen 3 or Skylake: two FMA pipes, two vector loads and one vector store per
+#: cycle, about six instructions dispatched per cycle, FMA latency 4. AVX2 masked stores
+#: are slow on AMD cores (about 12 cycles each), masked loads a little slower than loads.
+FP_PIPES = 2
+LOAD_PORTS = 2
+STORE_PORTS = 1
+DISPATCH = 6
 FMA_LATENCY = 4
-ISSUE_WIDTH = 2
+MASKED_STORE = 12.0
+MASKED_LOAD = 2.0
+BROADCAST_FP = 0.5
+LOOP_OVERHEAD = 0.5
 
 
-def _expr_cost(e: k.Expr) -> float:
+@dataclass
+class _Issue:
+    """Instructions of a piece of code by the resource they occupy (``other``: integer
+    and branch instructions, which only take dispatch slots)."""
+
+    fp: float = 0.0
+    loads: float = 0.0
+    stores: float = 0.0
+    other: float = 0.0
+
+    def __iadd__(self, o: _Issue) -> _Issue:
+        self.fp += o.fp
+        self.loads += o.loads
+        self.stores += o.stores
+        self.other += o.other
+        return self
+
+    def scaled(self, n: int) -> _Issue:
+        return _Issue(self.fp * n, self.loads * n, self.stores * n, self.other * n)
+
+    @property
+    def cycles(self) -> float:
+        return max(self.fp / FP_PIPES, self.loads / LOAD_PORTS, self.stores / STORE_PORTS,
+                   (self.fp + self.loads + self.stores + self.other) / DISPATCH)
+
+
+def _uses(e: k.Expr, name: str) -> bool:
+    if isinstance(e, k.Var):
+        return e.name == name
+    if isinstance(e, k.Bin):
+        return _uses(e.a, name) or _uses(e.b, name)
+    return False
+
+
+def _expr_issue(e: k.Expr, acc: _Issue, loop: str | None = None) -> None:
+    """Add the instructions of ``e`` to ``acc``. Inside a loop over ``loop``, a load whose
+    address does not depend on it is hoisted out of the loop by the C compiler (B of
+    ``C(n x 4) = A*B(4x4)`` stays in registers across the rows): it costs nothing there."""
     if isinstance(e, k.Load):
-        return _WEIGHTS["masked_load" if e.count is not None else "load"]
-    if isinstance(e, k.Broadcast):
-        return (0.0 if isinstance(e.value, (k.Load, k.Const)) else 1.0) + _expr_cost(e.value)
+        if loop is not None and not _uses(e.index, loop):
+            return
+        acc.loads += MASKED_LOAD if e.count is not None else 1.0
+    elif isinstance(e, k.Broadcast):
+        if isinstance(e.value, k.Load) and e.value.count is None:
+            if loop is not None and not _uses(e.value.index, loop):
+                return
+            # a broadcast straight from memory: a load of its own (not folded into an
+            # FMA like a vector load) that also takes FP issue slots, measured on Zen 3
+            acc.loads += 1.0
+            acc.fp += BROADCAST_FP
+        elif not isinstance(e.value, (k.Const, k.Var)):
+            # a splat of a constant or of a scalar variable (alpha) is hoisted by the C
+            # compiler; one of a computed value costs a shuffle
+            acc.fp += 1.0
+            _expr_issue(e.value, acc, loop)
+    elif isinstance(e, (k.Fma, k.Bin)):
+        if e.dtype in ("f32", "f64"):
+            acc.fp += 1.0
+        for part in ((e.a, e.b, e.c) if isinstance(e, k.Fma) else (e.a, e.b)):
+            _expr_issue(part, acc, loop)
+    elif isinstance(e, k.Reduce):
+        # a shuffle and an add per halving; the shuffles mostly go to other pipes
+        acc.fp += max(1, e.x.lanes.bit_length() - 1)
+        _expr_issue(e.x, acc, loop)
+
+
+def _reduce_latency(e: k.Expr) -> int:
+    """Extra latency of horizontal sums at the end of a chain."""
+    if isinstance(e, k.Reduce):
+        return FMA_LATENCY * max(1, e.x.lanes.bit_length() - 1) + _reduce_latency(e.x)
     if isinstance(e, (k.Fma, k.Bin)):
         parts = (e.a, e.b, e.c) if isinstance(e, k.Fma) else (e.a, e.b)
-        own = _WEIGHTS["arith"] if e.dtype in ("f32", "f64") else 0.0
-        return own + sum(_expr_cost(p) for p in parts)
-    if isinstance(e, k.Reduce):
-        return _WEIGHTS["reduce"] + _expr_cost(e.x)
-    return 0.0
+        return max(_reduce_latency(p) for p in parts)
+    return 0
 
 
-def _cost(body: tuple[k.Stmt, ...]) -> tuple[float, int]:
-    """(weighted instruction count, longest chain of updates of one variable)."""
-    total, chains = 0.0, {}
-    longest = 0
+def _cycles(body: tuple[k.Stmt, ...],
+            loop: str | None = None) -> tuple[float, _Issue, int]:
+    """(estimated cycles, instructions issued, dependent updates carried by variables
+    declared outside ``body``) of straight-line code with loops. Straight-line code runs
+    out of order: its time is its issue time or its longest chain of dependent updates,
+    whichever is longer. A loop is a segment of its own, bound by issue or by the chain
+    carried from one iteration to the next (an accumulator without partial sums)."""
+    total = 0.0
+    issue, segment = _Issue(), _Issue()
+    local: set[str] = set()
+    chains: dict[str, int] = {}
+    tail = 0
+
+    def close() -> float:
+        longest = max(chains.values(), default=0) * FMA_LATENCY + tail
+        return max(segment.cycles, longest)
+
     for s in body:
         if isinstance(s, (k.Decl, k.Assign)):
-            total += _expr_cost(s.value)
-            if isinstance(s, k.Assign):
+            _expr_issue(s.value, segment, loop)
+            if isinstance(s, k.Decl):
+                local.add(s.var.name)
+            else:
                 chains[s.var.name] = chains.get(s.var.name, 0) + 1
-                longest = max(longest, chains[s.var.name])
         elif isinstance(s, k.Store):
-            total += _WEIGHTS["masked_store" if s.count is not None else "store"]
-            total += _expr_cost(s.value)
+            segment.stores += MASKED_STORE if s.count is not None else 1.0
+            _expr_issue(s.value, segment, loop)
+            tail = max(tail, _reduce_latency(s.value))
         elif isinstance(s, k.For):
+            total += close()
+            issue += segment
+            segment, tail = _Issue(), 0
+            chains = {n: c for n, c in chains.items() if n not in local}
             trips = max(0, (s.stop.value - s.start.value + s.step - 1) // s.step)
-            inner, chain = _cost(s.body)
-            total += trips * inner
-            longest = max(longest, trips * chain)
-    return total, longest
+            inner, inner_issue, carried = _cycles(s.body, s.var.name)
+            inner_issue.other += 2  # the counter and the branch
+            # each iteration also pays for its taken branch and the loop's bookkeeping
+            total += max(trips * (inner_issue.cycles + LOOP_OVERHEAD),
+                         trips * carried * FMA_LATENCY, inner)
+            issue += inner_issue.scaled(trips)
+    total += close()
+    issue += segment
+    outer = max((c for n, c in chains.items() if n not in local), default=0)
+    return total, issue, outer
 
 
-def model_cost(module: k.Module, accumulators: int, registers: int) -> float:
-    """Estimated cycles of a fixed-size kernel."""
-    total, longest = _cost(module.function(module.entry).body)
-    cycles = max(total / ISSUE_WIDTH, longest * FMA_LATENCY)
-    if accumulators > registers - 3:  # the block spills
-        cycles *= 1.0 + 0.25 * (accumulators - registers + 3)
+def model_cost(module: k.Module, registers_needed: int, registers: int) -> float:
+    """Estimated cycles of a fixed-size kernel; a block that needs more vector registers
+    than the target has spills (a store and a load per extra register and use)."""
+    cycles, _, _ = _cycles(module.function(module.entry).body)
+    if registers_needed > registers:
+        cycles *= 1.0 + 0.25 * (registers_needed - registers)
     return cycles
 
 
-def _sums(n: ix.Node) -> int:
-    return (1 if isinstance(n, ix.Sum) else 0) + sum(_sums(c) for c in ix.children(n))
+def _registers(op: ix.Op, sched: OpSchedule) -> int:
+    """Vector registers a block keeps live: its accumulators (per partial chain and per
+    reduction nested in the body), one shared vector per block column, one broadcast."""
+    bu, bv = sched.block
+    return bu * bv * sched.split * max(1, len(sums_of(op.body))) + bv + 1
 
 
-def options(program: ix.Program, specs: tuple[ArgSpec, ...],
-            isa: Isa) -> list[list[tuple[float, OpSchedule]]]:
-    """Per operation, every schedule that can be built with its modelled cycles, best
-    first. Operations are computed one after another, so each is modelled on its own."""
+def _work(n: ix.Node) -> int:
+    """Arithmetic operations to compute one value of ``n`` (a sum: its extent times its
+    body's, plus the additions)."""
+    if isinstance(n, ix.Sum):
+        return n.extent * (_work(n.body) + 1)
+    own = 1 if isinstance(n, (ix.Add, ix.Mul, ix.Neg)) else 0
+    return own + sum(_work(c) for c in ix.children(n))
+
+
+def _lower_bound(program: ix.Program, op: ix.Op, sched: OpSchedule, isa: Isa) -> float:
+    """Cycles no schedule with these lanes can beat: every operation fused in pairs (one
+    FMA per multiply-add) and on full vectors, on every FP pipe."""
+    out = program.operand(op.out)
+    lanes = isa.lanes(program.dtype) if sched.vector is not None else 1
+    return out.rows * out.cols * _work(op.body) / (2 * lanes * FP_PIPES)
+
+
+def options(program: ix.Program, specs: tuple[ArgSpec, ...], isa: Isa,
+            keep: int = 8) -> list[list[tuple[float, OpSchedule]]]:
+    """Per operation, the ``keep`` best-modelled schedules that can be built, best first,
+    with their modelled cycles. Operations are computed one after another, so each is
+    modelled on its own. A candidate is built and modelled only if its lower bound (see
+    ``_lower_bound``) can beat the ``keep``-th best so far: the scalar and horizontal-sum
+    schedules of a large product are skipped once vector blocks have been modelled."""
     result = []
     for op in program.ops:
         single = ix.Program(program.operands, (op,), program.dtype)
-        found = []
-        for sched in candidates(program, op):
+        found: list[tuple[float, OpSchedule]] = []
+        cands = sorted(candidates(program, op, isa),
+                       key=lambda s: _lower_bound(program, op, s, isa))
+        for sched in cands:
+            if len(found) >= keep and _lower_bound(program, op, sched, isa) >= found[-1][0]:
+                continue
             try:
                 module = build_module(single, specs, (sched,), isa, "probe")
             except ScheduleError:
                 continue
-            acc = sched.block[0] * sched.block[1] * max(1, _sums(op.body))
-            found.append((model_cost(module, acc, isa.registers), sched))
+            found.append((model_cost(module, _registers(op, sched), isa.registers), sched))
+            found.sort(key=lambda o: o[0])
+            del found[keep:]
         if not found:
             raise ScheduleError(f"no schedule can compute {op.out}")
-        result.append(sorted(found, key=lambda o: o[0]))
+        result.append(found)
     return result
 
 

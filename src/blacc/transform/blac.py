@@ -23,7 +23,7 @@ offsets; longer ones stay loops.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from ..errors import ScheduleError
@@ -37,13 +37,18 @@ from ..target.isa import Isa
 class OpSchedule:
     """How one operation is computed: the index on lanes (None: scalar code), the block
     of output positions computed together (rows x vector chunks: the register tile), and
-    the trip count up to which loops are fully unrolled. Together they fix the loop
-    order: blocks of outputs outside, every reduction inside a block, the lane index
-    innermost (an output dimension, or a reduction finished by a horizontal sum)."""
+    the trip count up to which loops are fully unrolled, and the partial accumulators per
+    reduction. Together they fix the loop order: blocks of outputs outside, every
+    reduction inside a block, the lane index innermost (an output dimension, or a
+    reduction finished by a horizontal sum)."""
 
     vector: str | None
     block: tuple[int, int] = (1, 1)
     unroll: int = 16
+    #: Partial accumulators per position for each reduction: terms go round-robin to
+    #: ``split`` independent chains, summed at the end, so a long reduction over a small
+    #: block is not bound by the latency of one chain of FMAs.
+    split: int = 1
 
 
 @dataclass(frozen=True)
@@ -214,46 +219,94 @@ class _Gen:
             by_width.setdefault(c.width, []).append(c)
         for width, group in by_width.items():
             lanes = [width if vectorized else self.lanes_of(c) for c in ctxs]
-            accs = [self.fresh("acc", lanes[p]) for p in range(len(ctxs))]
-            for p, acc in enumerate(accs):
-                out.append(k.Decl(acc, self.widen(k.Const(0.0, self.dt), lanes[p])))
-            self.accumulate(node, ctxs, group, accs, vectorized, out)
-            for p, acc in enumerate(accs):
-                total = k.Reduce(acc) if vectorized and width > 1 else acc
+            sets = [[self.fresh("acc", lanes[p]) for p in range(len(ctxs))]
+                    for _ in range(max(1, min(self.s.split, len(group))))]
+            self.accumulate(node, ctxs, group, sets, vectorized, out)
+            for p in range(len(ctxs)):
+                partial: list[k.Expr] = [accs[p] for accs in sets]
+                while len(partial) > 1:  # a pairwise sum of the partial chains
+                    partial = [k.Bin("+", *partial[i:i + 2]) if i + 1 < len(partial)
+                               else partial[i] for i in range(0, len(partial), 2)]
+                total = k.Reduce(partial[0]) if vectorized and width > 1 else partial[0]
                 results[p] = self.combine("+", results[p], total)
         return results
 
-    def accumulate(self, node: ix.Sum, ctxs: list[dict], group: list[_Chunk],
-                   accs: list[k.Var], vectorized: bool, out: list[k.Stmt]) -> None:
-        def step(value: k.Expr | _Chunk, body: list[k.Stmt]) -> None:
-            inner = [{**c, node.index: value} for c in ctxs]
-            if isinstance(node.body, ix.Mul):
-                a = self.value(node.body.a, inner, body)
-                b = self.value(node.body.b, inner, body)
-                for acc, x, y in zip(accs, a, b, strict=True):
-                    body.append(k.Assign(acc, k.Fma(self.widen(x, acc.lanes),
-                                                    self.widen(y, acc.lanes), acc)))
-                return
-            for acc, x in zip(accs, self.value(node.body, inner, body), strict=True):
-                body.append(k.Assign(acc, k.Bin("+", acc, self.widen(x, acc.lanes))))
+    def step(self, node: ix.Sum, ctxs: list[dict], value: k.Expr | _Chunk,
+             accs: list[k.Var], body: list[k.Stmt], first: bool = False) -> None:
+        """One term of the sum for every position of the block; the ``first`` term
+        declares the accumulators (a product, not an FMA onto zero: no zeroing, and the
+        C compiler need not copy a shared operand that a destructive FMA would
+        overwrite). An operand value shared by several positions (a row of B across the
+        rows of a C tile, a broadcast element of A across its vectors) is loaded once
+        into a variable, just before its first use: the register tile of a GEMM
+        micro-kernel."""
+        inner = [{**c, node.index: value} for c in ctxs]
+        if isinstance(node.body, ix.Mul):
+            a = self.value(node.body.a, inner, body)
+            b = self.value(node.body.b, inner, body)
+            pairs = [(self.widen(x, acc.lanes), self.widen(y, acc.lanes))
+                     for acc, x, y in zip(accs, a, b, strict=True)]
+            uses: dict[k.Expr, int] = {}
+            for e in (e for pair in pairs for e in pair):
+                uses[e] = uses.get(e, 0) + 1
+            named: dict[k.Expr, k.Expr] = {}
 
-        uniform = len({(c.width, c.count) for c in group}) == 1 and not group[0].masked
-        if vectorized and uniform and len(group) > self.s.unroll // group[0].width:
-            # a loop over full vectors; chunk starts become a loop variable
+            def operand(e: k.Expr) -> k.Expr:
+                if uses[e] < 2 or isinstance(e, (k.Var, k.Const)) or _constant(e):
+                    return e
+                if e not in named:
+                    var = self.fresh("v", e.lanes)
+                    body.append(k.Decl(var, e))
+                    named[e] = var
+                return named[e]
+
+            for acc, (x, y) in zip(accs, pairs, strict=True):
+                x, y = operand(x), operand(y)
+                body.append(k.Decl(acc, k.Bin("*", x, y)) if first
+                            else k.Assign(acc, k.Fma(x, y, acc)))
+            return
+        for acc, x in zip(accs, self.value(node.body, inner, body), strict=True):
+            x = self.widen(x, acc.lanes)
+            body.append(k.Decl(acc, x) if first else k.Assign(acc, k.Bin("+", acc, x)))
+
+    def accumulate(self, node: ix.Sum, ctxs: list[dict], group: list[_Chunk],
+                   sets: list[list[k.Var]], vectorized: bool, out: list[k.Stmt]) -> None:
+        """Terms of ``group`` (pieces of one width) into the accumulator ``sets``, term t
+        into set t % len(sets): the first term of each set declares it, the others follow
+        as straight-line code, or as a loop whose body holds one term per set when there
+        are many full pieces."""
+        width = group[0].width
+        nsets = len(sets)
+
+        def piece(c: _Chunk) -> k.Expr | _Chunk:
+            return c if vectorized else k.Const(c.start)
+
+        for t in range(nsets):
+            self.step(node, ctxs, piece(group[t]), sets[t], out, first=True)
+        rest = group[nsets:]
+        uniform = bool(rest) and not any(c.masked or c.width != width for c in rest)
+        looped = ((vectorized and uniform and len(rest) > self.s.unroll // width)
+                  or (not vectorized and len(rest) > self.s.unroll))
+        rounds = len(rest) // nsets if looped else 0
+        if rounds > 1:
+            # a loop over full vectors (or scalars); chunk starts become a loop variable
             var = k.Var(f"{self.prefix}{node.index}")
             body: list[k.Stmt] = []
-            step(_Chunk(var, group[0].width, group[0].width), body)
-            out.append(k.For(var, k.Const(group[0].start),
-                             k.Const(group[-1].start + group[-1].width), group[0].width,
-                             tuple(body)))
-        elif not vectorized and len(group) > self.s.unroll:
-            var = k.Var(f"{self.prefix}{node.index}")
-            body = []
-            step(var, body)
-            out.append(k.For(var, k.Const(0), k.Const(len(group)), 1, tuple(body)))
-        else:
-            for c in group:
-                step(c if vectorized else k.Const(c.start), out)
+            for n, accs in enumerate(sets):
+                start = var + n * width
+                self.step(node, ctxs, _Chunk(start, width, width) if vectorized else start,
+                          accs, body)
+            first = rest[0].start
+            out.append(k.For(var, k.Const(first), k.Const(first + rounds * nsets * width),
+                             nsets * width, tuple(body)))
+            rest = rest[rounds * nsets:]
+        for t, c in enumerate(rest):
+            self.step(node, ctxs, piece(c), sets[t % nsets], out)
+
+
+def _constant(e: k.Expr) -> bool:
+    """A value the C compiler materialises for free (a splat of a constant)."""
+    return isinstance(e, k.Broadcast) and isinstance(e.value, k.Const)
 
 
 def _zero_padded(n: ix.Node, index: str) -> bool:
@@ -307,49 +360,90 @@ def lower_op(program: ix.Program, op: ix.Op, sched: OpSchedule, isa: Isa,
                     body.append(k.Store(st.buf, st.index(r, col), gen.widen(val, c.width),
                                         count))
 
-        full = extent[u] - extent[u] % bu
-        if full // bu > max(1, sched.unroll // bu):
-            var = k.Var(f"{prefix}{u}")
-            body: list[k.Stmt] = []
-            block(var, bu, body)
-            stmts.append(k.For(var, k.Const(0), k.Const(full), bu, tuple(body)))
-            if extent[u] > full:
-                block(k.Const(full), extent[u] - full, stmts)
-        else:
-            for u0, un in _positions(extent[u], bu):
-                block(k.Const(u0), un, stmts)
+        _row_blocks(extent[u], bu, sched.unroll, k.Var(f"{prefix}{u}"), block, stmts)
         return stmts
     # scalar outputs per position (the lanes, if any, run along a reduction)
+    if st.scalar_var is not None:
+        raise ScheduleError(f"{op.out} is an input scalar; it cannot be assigned")
     bu, bv = sched.block
-    for i0, iN in _positions(extent[di], bu):
+
+    def rows(i0: k.Expr, iN: int, body: list[k.Stmt]) -> None:
         for j0, jN in _positions(extent[dj], bv):
-            ctxs = [{di: k.Const(i0 + a), dj: k.Const(j0 + b)}
-                    for a in range(iN) for b in range(jN)]
-            values = gen.value(op.body, ctxs, stmts)
+            ctxs = [{di: i0 + a, dj: k.Const(j0 + b)} for a in range(iN) for b in range(jN)]
+            values = gen.value(op.body, ctxs, body)
             for ctx, val in zip(ctxs, values, strict=True):
-                if st.scalar_var is not None:
-                    raise ScheduleError(f"{op.out} is an input scalar; it cannot be assigned")
-                stmts.append(k.Store(st.buf, st.index(ctx[di], ctx[dj]), val))
+                body.append(k.Store(st.buf, st.index(ctx[di], ctx[dj]), val))
+
+    _row_blocks(extent[di], bu, sched.unroll, k.Var(f"{prefix}{di}"), rows, stmts)
     return stmts
 
 
-def candidates(program: ix.Program, op: ix.Op) -> list[OpSchedule]:
-    """Every schedule worth considering for ``op``: each index on lanes (or none), a few
-    register blocks."""
+def _row_blocks(extent: int, bu: int, unroll: int, var: k.Var,
+                block: Callable[[k.Expr, int, list[k.Stmt]], None],
+                stmts: list[k.Stmt]) -> None:
+    """Blocks of ``bu`` rows: a loop over full blocks when there are many (then the
+    shorter last block), else every block unrolled with constant offsets."""
+    full = extent - extent % bu
+    if full // bu > max(1, unroll // bu):
+        body: list[k.Stmt] = []
+        block(var, bu, body)
+        stmts.append(k.For(var, k.Const(0), k.Const(full), bu, tuple(body)))
+        if extent > full:
+            block(k.Const(full), extent - full, stmts)
+    else:
+        for u0, un in _positions(extent, bu):
+            block(k.Const(u0), un, stmts)
+
+
+#: Register blocks tried: rows x vector chunks (or x output columns for scalar outputs).
+BLOCKS = ((1, 1), (2, 1), (3, 1), (4, 1), (6, 1), (8, 1), (1, 2), (2, 2), (3, 2), (4, 2),
+          (6, 2), (1, 3), (2, 3), (3, 3), (4, 3), (1, 4), (2, 4))
+#: Partial accumulators tried for long reductions.
+SPLITS = (1, 2, 4)
+
+
+def candidates(program: ix.Program, op: ix.Op, isa: Isa | None = None) -> list[OpSchedule]:
+    """Every schedule worth considering for ``op``: each index on lanes (or none), register
+    blocks that fit the registers (clamped to the extents, so no two candidates build
+    the same code), and partial accumulators where a reduction is long and the block has
+    too few independent chains to cover the FMA latency."""
     out = program.operand(op.out)
-    names = [op.dims[0], op.dims[1]] + _sum_indices(op.body)
-    result = []
+    extent = {op.dims[0]: out.rows, op.dims[1]: out.cols}
+    sums = sums_of(op.body)
+    names = [op.dims[0], op.dims[1]] + [s.index for s in sums]
+    registers = isa.registers if isa is not None else 16
+    result: list[OpSchedule] = []
     for v in [None, *dict.fromkeys(names)]:
-        for block in ((1, 1), (2, 1), (4, 1), (1, 2), (2, 2), (4, 2), (6, 2), (8, 1)):
-            if v in op.dims and out.rows * out.cols == 1:
+        if v in extent and extent[v] == 1:
+            continue  # lanes on a unit dimension: the scalar schedule under another name
+        lanes = isa.lanes(program.dtype) if isa is not None and v is not None else 1
+        if v in extent:  # rows x vector chunks of the other output dimension
+            u = op.dims[1] if v == op.dims[0] else op.dims[0]
+            span = (extent[u], -(-extent[v] // lanes))
+        else:  # rows x columns of scalar outputs
+            span = (extent[op.dims[0]], extent[op.dims[1]])
+        # the longest sum whose terms are not on lanes: what partial chains can split
+        terms = max([s.extent if s.index != v else s.extent // lanes for s in sums],
+                    default=0)
+        seen = set()
+        for bu, bv in BLOCKS:
+            block = (min(bu, span[0]), min(bv, span[1]))
+            # accumulators, one shared vector per column of the block, one broadcast
+            if block[0] * block[1] + block[1] + 1 > registers:
                 continue
-            result.append(OpSchedule(v, block))
+            for split in SPLITS:
+                if split > 1 and (terms < 2 * split
+                                  or block[0] * block[1] * split > registers - 4):
+                    continue
+                if (block, split) not in seen:
+                    seen.add((block, split))
+                    result.append(OpSchedule(v, block, split=split))
     return result
 
 
-def _sum_indices(n: ix.Node) -> list[str]:
-    own = [n.index] if isinstance(n, ix.Sum) else []
-    return own + [i for c in ix.children(n) for i in _sum_indices(c)]
+def sums_of(n: ix.Node) -> list[ix.Sum]:
+    own = [n] if isinstance(n, ix.Sum) else []
+    return own + [s for c in ix.children(n) for s in sums_of(c)]
 
 
 def entry_params(specs: tuple[ArgSpec, ...]) -> tuple[k.Param, ...]:
