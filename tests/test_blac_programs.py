@@ -603,3 +603,29 @@ def test_degenerate_matrix_ld_interpreted():
     values = make_values(decls, "f64", np.random.default_rng(0))
     got = run_interp(p.module, p.specs, p.typed, values)
     assert_matches(p.typed, values, got)
+
+
+def test_sibling_sums_share_an_index_and_are_all_vectorized():
+    """alpha*A*x + beta*B*x: both reductions are named k1 (nested ones k2, ...), so the
+    chosen schedule puts every one of them on the vector lanes, none stays scalar."""
+    from blacc.ir import indexed as ix
+
+    decls = dict(A=M(4, 32, "f32"), B=M(4, 32, "f32"), x=V(32, "f32"), y=V(4, "f32"),
+                 alpha=S("f32"), beta=S("f32"))
+    p = plan("y = alpha*A*x + beta*B*x", **decls)
+    sums = [n for n in _nodes(p.indexed.ops[0].body) if isinstance(n, ix.Sum)]
+    assert [s.index for s in sums] == ["k1", "k1"]
+    assert p.schedule[0].vector == "k1"
+    assert "A[" not in p.source.replace("_mm256_loadu_ps(&A[", "")  # no scalar A loads
+    nested = plan("s = x'*(A'*(A*x))", A=M(5, 7, "f64"), x=V(7, "f64"), s=S("f64"))
+    names = {n.index for op in nested.indexed.ops for n in _nodes(op.body)
+             if isinstance(n, ix.Sum)}
+    assert names <= {"k1", "k2", "k3"}
+
+
+def _nodes(n):
+    from blacc.ir import indexed as ix
+
+    yield n
+    for c in ix.children(n):
+        yield from _nodes(c)

@@ -122,13 +122,43 @@ def hoist_invariant_factors(n: ix.Node) -> ix.Node:
     return ix.Mul(_product(outside), ix.Sum(n.index, n.extent, _product(inside)))
 
 
+def _rename(n: ix.Node, old: str, new: str) -> ix.Node:
+    if isinstance(n, ix.Read):
+        return ix.Read(n.operand, tuple(new if i == old else i for i in n.index))
+    if isinstance(n, ix.Neg):
+        return ix.Neg(_rename(n.x, old, new))
+    if isinstance(n, (ix.Add, ix.Mul)):
+        return type(n)(_rename(n.a, old, new), _rename(n.b, old, new))
+    if isinstance(n, ix.Sum):
+        return n if n.index == old else ix.Sum(n.index, n.extent, _rename(n.body, old, new))
+    return n
+
+
+def name_sums_by_depth(n: ix.Node, depth: int = 0) -> ix.Node:
+    """Name every summation index after its nesting depth (k1 outermost, k2 inside it...),
+    so sibling sums share a name and one schedule vectorizes all of them: in
+    ``alpha*A*x + beta*B*x`` both products reduce along ``k1``, instead of ``k1`` and
+    ``k2`` with only one of them on the vector lanes."""
+    if isinstance(n, ix.Neg):
+        return ix.Neg(name_sums_by_depth(n.x, depth))
+    if isinstance(n, (ix.Add, ix.Mul)):
+        return type(n)(name_sums_by_depth(n.a, depth), name_sums_by_depth(n.b, depth))
+    if not isinstance(n, ix.Sum):
+        return n
+    name = f"k{depth + 1}"
+    # the body's own sums are renamed first: none of them can be called ``name`` then
+    body = name_sums_by_depth(n.body, depth + 1)
+    return ix.Sum(name, n.extent, _rename(body, n.index, name))
+
+
 def to_indexed(program: t.TypedProgram) -> ix.Program:
     """The program in index notation, one operation per statement plus temporaries."""
     st = _State()
     for stmt in program.statements:
         op = _op(stmt.target, stmt.expr, st)
         st.ops.append(op)
-    st.ops[:] = [ix.Op(op.out, op.dims, hoist_invariant_factors(op.body)) for op in st.ops]
+    st.ops[:] = [ix.Op(op.out, op.dims, name_sums_by_depth(hoist_invariant_factors(op.body)))
+                 for op in st.ops]
     operands = [ix.Operand(n, *_shape(program, n)) for n in program.operands]
     return ix.Program((*operands, *st.temps), tuple(st.ops), program.dtype)
 
