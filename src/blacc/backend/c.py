@@ -84,7 +84,27 @@ class _Renderer:
             return self.addr(e.buf, e.index)
         if isinstance(e, k.Reduce):
             return self.isa.op("hsum", e.dtype, e.x.lanes).format(x=self.expr(e.x))
+        if isinstance(e, (k.Halves, k.HalfSplat, k.Half)):
+            return self.halves(e)
         raise TypeError(f"the C backend cannot print {type(e).__name__}")
+
+    def halves(self, e: k.Halves | k.HalfSplat | k.Half) -> str:
+        """The half-vector nodes; the full vector must be one of the target's."""
+        full = e.x.lanes if isinstance(e, k.Half) else e.lanes
+        self.type(e.dtype, full)  # rejects a width the target lacks
+        if isinstance(e, k.Halves):
+            lo = e.lo
+            if lo == e.hi and isinstance(lo, k.Load) and lo.count is None and lo.lanes > 1:
+                # one load duplicated into both halves (vbroadcastf128)
+                addr = self.addr(lo.buf, lo.index)
+                return self.isa.op("dup_load", e.dtype, e.lanes).format(addr=addr)
+            return self.isa.op("halves", e.dtype, e.lanes).format(lo=self.expr(lo),
+                                                                  hi=self.expr(e.hi))
+        if isinstance(e, k.HalfSplat):
+            return self.isa.op(f"half_splat{e.lane}", e.dtype, e.lanes).format(
+                x=self.expr(e.x))
+        name = "half_hi" if e.which else "half_lo"
+        return self.isa.op(name, e.dtype, e.x.lanes).format(x=self.expr(e.x))
 
     # ------------------------------------------------------------------ statements
     def stmts(self, body: tuple[k.Stmt, ...], indent: int) -> list[str]:

@@ -246,7 +246,36 @@ class _FunctionWriter:
             return self.matrix_load(e)
         if isinstance(e, k.MatrixMultiply):
             return self.matrix_multiply(e)
+        if isinstance(e, (k.Halves, k.HalfSplat, k.Half)):
+            return self.halves(e)
         raise TypeError(f"the LLVM backend cannot print {type(e).__name__}")
+
+    def halves(self, e: k.Halves | k.HalfSplat | k.Half) -> _Val:
+        """The half-vector nodes as one ``shufflevector`` each (the backend picks
+        vinsertf128, vbroadcastf128, vpermilps or vextractf128)."""
+        if isinstance(e, k.Halves):
+            lo, hi = self.expr(e.lo), self.expr(e.hi)
+            if lo.lanes == 1:  # <1 x T> halves do not exist: build the pair directly
+                vec = _type(e.dtype, 2)
+                one = self.value(f"insertelement {vec} poison, {lo.typed}, i64 0", e.dtype, 2)
+                return self.value(f"insertelement {one.typed}, {hi.typed}, i64 1", e.dtype, 2)
+            mask = list(range(e.lanes))
+            return self.shuffle(lo, hi, mask)
+        x = self.expr(e.x)
+        h = x.lanes // 2
+        if isinstance(e, k.HalfSplat):
+            mask = [e.lane] * h + [h + e.lane] * h
+        elif h == 1:
+            return self.value(f"extractelement {x.typed}, i64 {e.which}", e.dtype)
+        else:
+            mask = list(range(e.which * h, (e.which + 1) * h))
+        return self.shuffle(x, None, mask)
+
+    def shuffle(self, a: _Val, b: _Val | None, mask: list[int]) -> _Val:
+        other = b.ref if b is not None else "poison"
+        idx = ", ".join(f"i32 {i}" for i in mask)
+        return self.value(f"shufflevector {a.typed}, {a.type} {other}, <{len(mask)} x i32> "
+                          f"<{idx}>", a.dtype, len(mask))
 
     # ------------------------------------------------------------------ matrix values
     # The intrinsics take and return vectors, <1 x T> included, where the kernel IR has a
@@ -580,7 +609,8 @@ def _check_vectors(module: k.Module, isa: Isa) -> bool:
 
         def visit(x: object, shapes: set[tuple[str, int]] = shapes) -> object:
             if isinstance(x, k.Expr) and x.lanes > 1 and x.dtype != "bool" \
-                    and isa.lanes(x.dtype) != x.lanes and (x.dtype, x.lanes) not in shapes:
+                    and isa.vector_type(x.dtype, x.lanes) is None \
+                    and (x.dtype, x.lanes) not in shapes:
                 raise ScheduleError(f"target {isa.name} has no {x.lanes}-lane {x.dtype} vector")
             return x
 

@@ -71,6 +71,17 @@ def evaluate(e: k.Expr, env: _Env) -> Any:
     if isinstance(e, k.Reduce):
         x = evaluate(e.x, env)
         return x.dtype.type(np.sum(x, dtype=x.dtype))
+    if isinstance(e, k.Halves):
+        return np.concatenate([np.atleast_1d(evaluate(e.lo, env)),
+                               np.atleast_1d(evaluate(e.hi, env))])
+    if isinstance(e, k.HalfSplat):
+        x = evaluate(e.x, env).reshape(2, -1)
+        return np.repeat(x[:, e.lane], x.shape[1])
+    if isinstance(e, k.Half):
+        x = evaluate(e.x, env)
+        h = e.lanes
+        part = x[e.which * h:(e.which + 1) * h].copy()
+        return part[0] if h == 1 else part
     if isinstance(e, k.Ref):
         buf = v[e.buf]
         i = int(evaluate(e.index, env))

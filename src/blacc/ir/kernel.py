@@ -134,6 +134,84 @@ class Select(Expr):
         return self.a.lanes
 
 
+def _check_halves(node: str, lanes: int) -> None:
+    if lanes < 2 or lanes % 2:
+        raise ValueError(f"{node}: needs a vector of an even number of lanes, got {lanes}")
+
+
+@dataclass(frozen=True, eq=True)
+class Halves(Expr):
+    """Two vectors of one width side by side, ``lo`` in the low lanes and ``hi`` in the
+    high ones (on AVX2, two 128-bit vectors as the halves of a 256-bit one).
+    ``Halves(x, x)`` duplicates ``x`` into both halves: a row of B used by two rows of C
+    held in one register.
+
+        Halves(load4(B[4]), load4(B[4]))  ->  _mm256_broadcast_ps(&B[4])
+    """
+
+    lo: Expr
+    hi: Expr
+
+    def __post_init__(self) -> None:
+        if self.lo.lanes != self.hi.lanes or self.lo.dtype != self.hi.dtype:
+            raise ValueError(f"Halves of a {self.lo.lanes}-lane {self.lo.dtype} and a "
+                             f"{self.hi.lanes}-lane {self.hi.dtype} value")
+
+    @property
+    def dtype(self) -> str:  # type: ignore[override]
+        return self.lo.dtype
+
+    @property
+    def lanes(self) -> int:  # type: ignore[override]
+        return 2 * self.lo.lanes
+
+
+@dataclass(frozen=True, eq=True)
+class HalfSplat(Expr):
+    """Lane ``lane`` of each half of ``x`` copied into every lane of that half: with
+    rows i and i+1 of A in the two halves, A[i, k] x 4 and A[i+1, k] x 4 for one FMA on
+    two rows of C (AVX2: ``vpermilps`` with an immediate)."""
+
+    x: Expr
+    lane: int
+
+    def __post_init__(self) -> None:
+        _check_halves("HalfSplat", self.x.lanes)
+        if not 0 <= self.lane < self.x.lanes // 2:
+            raise ValueError(f"HalfSplat: lane {self.lane} outside a half of "
+                             f"{self.x.lanes // 2} lanes")
+
+    @property
+    def dtype(self) -> str:  # type: ignore[override]
+        return self.x.dtype
+
+    @property
+    def lanes(self) -> int:  # type: ignore[override]
+        return self.x.lanes
+
+
+@dataclass(frozen=True, eq=True)
+class Half(Expr):
+    """The low (``which`` 0) or high (1) half of ``x``: to store two rows held in one
+    register where they are not contiguous in memory."""
+
+    x: Expr
+    which: int
+
+    def __post_init__(self) -> None:
+        _check_halves("Half", self.x.lanes)
+        if self.which not in (0, 1):
+            raise ValueError(f"Half: which must be 0 or 1, got {self.which!r}")
+
+    @property
+    def dtype(self) -> str:  # type: ignore[override]
+        return self.x.dtype
+
+    @property
+    def lanes(self) -> int:  # type: ignore[override]
+        return self.x.lanes // 2
+
+
 @dataclass(frozen=True, eq=True)
 class Ref(Expr):
     """The address of ``buf[index]``: a pointer argument for a ``Call``."""

@@ -31,6 +31,14 @@ def expr(e: k.Expr) -> str:
         return f"&{e.buf}[{expr(e.index)}]"
     if isinstance(e, k.Reduce):
         return f"hsum({expr(e.x)})"
+    if isinstance(e, k.Halves):
+        if e.lo == e.hi:
+            return f"dup{e.lanes}({expr(e.lo)})"
+        return f"halves{e.lanes}({expr(e.lo)}, {expr(e.hi)})"
+    if isinstance(e, k.HalfSplat):
+        return f"halfsplat({expr(e.x)}, {e.lane})"
+    if isinstance(e, k.Half):
+        return f"half({expr(e.x)}, {e.which})"
     if isinstance(e, k.MatrixLoad):
         return f"mload{e.rows}x{e.cols}({e.buf}[{expr(e.index)}], stride={expr(e.stride)})"
     if isinstance(e, k.MatrixMultiply):

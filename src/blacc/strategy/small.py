@@ -29,6 +29,11 @@ SEARCHES = ("model", "exhaustive", "random")
 #: cycle, about six instructions dispatched per cycle, FMA latency 4. AVX2 masked stores
 #: are slow on AMD cores (about 12 cycles each), masked loads a little slower than loads.
 FP_PIPES = 2
+#: In-register shuffles (vpermilps, vinsertf128, vextractf128) run on pipes of their
+#: own next to the FMA pipes (Zen 3: FP1 and FP2, one of them shared with FMAs;
+#: Skylake: port 5), so FMAs and shuffles together issue on about three pipes.
+SHUFFLE_PIPES = 2
+FP_AND_SHUFFLE_PIPES = 3
 LOAD_PORTS = 2
 STORE_PORTS = 1
 DISPATCH = 6
@@ -48,21 +53,26 @@ class _Issue:
     loads: float = 0.0
     stores: float = 0.0
     other: float = 0.0
+    shuffles: float = 0.0
 
     def __iadd__(self, o: _Issue) -> _Issue:
         self.fp += o.fp
         self.loads += o.loads
         self.stores += o.stores
         self.other += o.other
+        self.shuffles += o.shuffles
         return self
 
     def scaled(self, n: int) -> _Issue:
-        return _Issue(self.fp * n, self.loads * n, self.stores * n, self.other * n)
+        return _Issue(self.fp * n, self.loads * n, self.stores * n, self.other * n,
+                      self.shuffles * n)
 
     @property
     def cycles(self) -> float:
-        return max(self.fp / FP_PIPES, self.loads / LOAD_PORTS, self.stores / STORE_PORTS,
-                   (self.fp + self.loads + self.stores + self.other) / DISPATCH)
+        total = self.fp + self.loads + self.stores + self.other + self.shuffles
+        return max(self.fp / FP_PIPES, self.shuffles / SHUFFLE_PIPES,
+                   (self.fp + self.shuffles) / FP_AND_SHUFFLE_PIPES,
+                   self.loads / LOAD_PORTS, self.stores / STORE_PORTS, total / DISPATCH)
 
 
 def _uses(e: k.Expr, name: str) -> bool:
@@ -73,7 +83,8 @@ def _uses(e: k.Expr, name: str) -> bool:
     return False
 
 
-def _expr_issue(e: k.Expr, acc: _Issue, loop: str | None = None) -> None:
+def _expr_issue(e: k.Expr, acc: _Issue, loop: str | None = None,
+                joined: set[k.Expr] | None = None) -> None:
     """Add the instructions of ``e`` to ``acc``. Inside a loop over ``loop``, a load whose
     address does not depend on it is hoisted out of the loop by the C compiler (B of
     ``C(n x 4) = A*B(4x4)`` stays in registers across the rows): it costs nothing there."""
@@ -93,16 +104,40 @@ def _expr_issue(e: k.Expr, acc: _Issue, loop: str | None = None) -> None:
             # a splat of a constant or of a scalar variable (alpha) is hoisted by the C
             # compiler; one of a computed value costs a shuffle
             acc.fp += 1.0
-            _expr_issue(e.value, acc, loop)
+            _expr_issue(e.value, acc, loop, joined)
     elif isinstance(e, (k.Fma, k.Bin)):
         if e.dtype in ("f32", "f64"):
             acc.fp += 1.0
         for part in ((e.a, e.b, e.c) if isinstance(e, k.Fma) else (e.a, e.b)):
-            _expr_issue(part, acc, loop)
+            _expr_issue(part, acc, loop, joined)
+    elif isinstance(e, k.Halves):
+        lo = e.lo
+        if lo == e.hi and isinstance(lo, k.Load) and lo.count is None:
+            # one load duplicated into both halves (vbroadcastf128): a load, no FP slot
+            _expr_issue(lo, acc, loop, joined)
+            return
+        # joining two halves takes a shuffle (vinsertf128, its load folded)
+        acc.shuffles += 1.0
+        _expr_issue(lo, acc, loop, joined)
+        _expr_issue(e.hi, acc, loop, joined)
+    elif isinstance(e, k.HalfSplat):
+        # a shuffle with an immediate (vpermilps), its load folded; two rows joined from
+        # two loads are joined once for all the lanes splatted from them (the C compiler
+        # merges the repeated joins of a straight-line segment)
+        acc.shuffles += 1.0
+        if isinstance(e.x, k.Halves) and joined is not None:
+            if e.x in joined:
+                return
+            joined.add(e.x)
+        _expr_issue(e.x, acc, loop, joined)
+    elif isinstance(e, k.Half):
+        if e.which:  # the high half needs vextractf128; the low one is free
+            acc.shuffles += 1.0
+        _expr_issue(e.x, acc, loop, joined)
     elif isinstance(e, k.Reduce):
         # a shuffle and an add per halving; the shuffles mostly go to other pipes
         acc.fp += max(1, e.x.lanes.bit_length() - 1)
-        _expr_issue(e.x, acc, loop)
+        _expr_issue(e.x, acc, loop, joined)
 
 
 def _reduce_latency(e: k.Expr) -> int:
@@ -126,6 +161,7 @@ def _cycles(body: tuple[k.Stmt, ...],
     issue, segment = _Issue(), _Issue()
     local: set[str] = set()
     chains: dict[str, int] = {}
+    joined: set[k.Expr] = set()
     tail = 0
 
     def close() -> float:
@@ -134,19 +170,20 @@ def _cycles(body: tuple[k.Stmt, ...],
 
     for s in body:
         if isinstance(s, (k.Decl, k.Assign)):
-            _expr_issue(s.value, segment, loop)
+            _expr_issue(s.value, segment, loop, joined)
             if isinstance(s, k.Decl):
                 local.add(s.var.name)
             else:
                 chains[s.var.name] = chains.get(s.var.name, 0) + 1
         elif isinstance(s, k.Store):
             segment.stores += MASKED_STORE if s.count is not None else 1.0
-            _expr_issue(s.value, segment, loop)
+            _expr_issue(s.value, segment, loop, joined)
             tail = max(tail, _reduce_latency(s.value))
         elif isinstance(s, k.For):
             total += close()
             issue += segment
             segment, tail = _Issue(), 0
+            joined = set()
             chains = {n: c for n, c in chains.items() if n not in local}
             trips = max(0, (s.stop.value - s.start.value + s.step - 1) // s.step)
             inner, inner_issue, carried = _cycles(s.body, s.var.name)
@@ -174,6 +211,8 @@ def _registers(op: ix.Op, sched: OpSchedule) -> int:
     """Vector registers a block keeps live: its accumulators (per partial chain and per
     reduction nested in the body), one shared vector per block column, one broadcast."""
     bu, bv = sched.block
+    if sched.pairs:  # two rows per accumulator
+        bu = -(-bu // 2)
     return bu * bv * sched.split * max(1, len(sums_of(op.body))) + bv + 1
 
 

@@ -80,6 +80,21 @@ def _avx2_ops() -> dict[tuple[str, str], str]:
                             "_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7))")
     ops[("mask", "f64")] = ("_mm256_cmpgt_epi64(_mm256_set1_epi64x({count}), "
                             "_mm256_setr_epi64x(0, 1, 2, 3))")
+    # Two 128-bit vectors as the halves of one 256-bit vector (two rows of a 4-wide f32
+    # or 2-wide f64 output in one register): join, duplicate from memory, split, and
+    # splat lane i within each half (``half_splat{i}``: vpermilps/vpermilpd immediates).
+    for dt, s, v, join in (("f32", "ps", "__m128", "_mm256_set_m128"),
+                           ("f64", "pd", "__m128d", "_mm256_set_m128d")):
+        ops.update({
+            ("halves", dt): f"{join}({{hi}}, {{lo}})",
+            ("dup_load", dt): f"_mm256_broadcast_{s}((const {v} *)({{addr}}))",
+            ("half_lo", dt): f"_mm256_cast{s}256_{s}128({{x}})",
+            ("half_hi", dt): f"_mm256_extractf128_{s}({{x}}, 1)",
+        })
+    for lane in range(4):
+        ops[(f"half_splat{lane}", "f32")] = f"_mm256_permute_ps({{x}}, {lane * 0x55})"
+    for lane in range(2):
+        ops[(f"half_splat{lane}", "f64")] = f"_mm256_permute_pd({{x}}, {lane * 0xF})"
     ops[("hsum", "f32")] = "blacc_hsum8_ps({x})"
     ops[("hsum", "f64")] = "blacc_hsum4_pd({x})"
     # 128-bit vectors for leftovers of 4 (f32) or 2 (f64) elements.

@@ -16,6 +16,14 @@ Extents that are not multiples of the vector length end with a narrower vector
 Loops with few iterations are unrolled into straight-line code with constant
 offsets; longer ones stay loops.
 
+An output dimension exactly half a vector wide (4 f32 or 2 f64 columns on AVX2) can
+instead hold two rows per register (``OpSchedule.pairs``): rows i and i+1 of C in the
+two halves, a row of B duplicated into both halves, A[i, k] and A[i+1, k] splatted
+within their halves from one load of the two rows — half the FMAs of one row per
+128-bit vector (what gcc makes of the plain loops). An odd last row stays a 128-bit
+vector, and two rows are one 256-bit access only where they are contiguous in memory
+(else two 128-bit halves).
+
     y[i] = sum_k A[i,k] x[k]   (5x9 f64, vector k, block 4)
       ->  acc_0..3 = 0; for k in (0, 4, 8): acc_r = fma(load4(A[r*9+k], count), load4(x[k]), acc_r)
           y[r] = hsum(acc_r)
@@ -49,6 +57,9 @@ class OpSchedule:
     #: ``split`` independent chains, summed at the end, so a long reduction over a small
     #: block is not bound by the latency of one chain of FMAs.
     split: int = 1
+    #: Two rows per full vector, one in each half (the vectorized output dimension is
+    #: half a vector wide); ``block[0]`` then counts rows, two per accumulator.
+    pairs: bool = False
 
 
 @dataclass(frozen=True)
@@ -67,6 +78,14 @@ class _Chunk:
     @property
     def masked(self) -> bool:
         return self.count < self.width
+
+
+@dataclass(frozen=True)
+class _Pair:
+    """Two consecutive positions of an output dimension, ``start`` and ``start + 1``, in
+    the low and high halves of each vector (see ``OpSchedule.pairs``)."""
+
+    start: k.Expr
 
 
 def chunks(extent: int, widths: tuple[int, ...]) -> list[_Chunk]:
@@ -159,20 +178,28 @@ class _Gen:
 
     def lanes_of(self, ctx: dict) -> int:
         chunk = next((v for v in ctx.values() if isinstance(v, _Chunk)), None)
-        return chunk.width if chunk else 1
+        paired = any(isinstance(v, _Pair) for v in ctx.values())
+        return (2 if paired else 1) * chunk.width if chunk else 1
 
     def read(self, r: ix.Read, ctx: dict) -> k.Expr:
         st = self.store[r.operand]
         if st.scalar_var is not None:
             return st.scalar_var
         idx: list[k.Expr] = []
-        chunk, pos = None, None
+        chunk, pos, pair = None, None, None
         for axis, i in enumerate(r.index):
             v = ctx[i] if isinstance(i, str) else k.Const(0)
             if isinstance(v, _Chunk):
                 chunk, pos = v, axis
                 v = v.start_expr
+            elif isinstance(v, _Pair):
+                if pair is not None:
+                    raise ScheduleError(f"{r.operand} is indexed twice by the paired rows")
+                pair = axis
+                v = v.start
             idx.append(v)
+        if pair is not None:
+            return self.read_pair(r, st, idx, pair, chunk, pos)
         index = st.index(idx[0], idx[1])
         if chunk is None:
             return k.Load(st.buf, index, self.dt)
@@ -181,6 +208,47 @@ class _Gen:
                                 f"{r.operand}")
         count = k.Const(chunk.count) if chunk.masked else None
         return k.Load(st.buf, index, self.dt, chunk.width, count)
+
+    def read_pair(self, r: ix.Read, st: _Storage, idx: list[k.Expr], axis: int,
+                  chunk: _Chunk | None, pos: int | None) -> k.Expr:
+        """A leaf read at two positions of the paired index (its ``axis``), one per half
+        of the vector. Two rows of a chunk are one load where they are contiguous, else
+        two half loads; one element per row is splatted within its half from a load of
+        the rows' aligned group of half-vector width when that lies inside the operand
+        (the same load serves the group's other elements), else broadcast from two
+        scalar loads."""
+        strides = (st.rs, st.cs)
+
+        def at(row: int, other: k.Expr | None = None) -> k.Expr:
+            j = list(idx)
+            j[axis] = j[axis] + row
+            if other is not None:
+                j[1 - axis] = other
+            return st.index(j[0], j[1])
+
+        def two_rows(width: int, other: k.Expr | None = None) -> k.Expr:
+            if strides[axis] == width:  # the second row starts where the first ends
+                return k.Load(st.buf, at(0, other), self.dt, 2 * width)
+            return k.Halves(k.Load(st.buf, at(0, other), self.dt, width),
+                            k.Load(st.buf, at(1, other), self.dt, width))
+
+        if chunk is not None:
+            if strides[pos] != 1:
+                raise ScheduleError(f"vectorizing {self.s.vector!r} needs unit stride in "
+                                    f"{r.operand}")
+            if chunk.masked or chunk.width * 2 != self.isa.lanes(self.dt):
+                raise ScheduleError("paired rows need a chunk of exactly half a vector")
+            return two_rows(chunk.width)
+        half = self.isa.lanes(self.dt) // 2
+        e, other = idx[1 - axis], 1 - axis
+        operand = self.p.operand(r.operand)
+        extent = (operand.rows, operand.cols)[other]
+        if strides[other] == 1 and isinstance(e, k.Const) and isinstance(r.index[other], str):
+            first = int(e.value) - int(e.value) % half
+            if first + half <= extent:
+                return k.HalfSplat(two_rows(half, k.Const(first)), int(e.value) - first)
+        return k.Halves(k.Broadcast(k.Load(st.buf, at(0), self.dt), half),
+                        k.Broadcast(k.Load(st.buf, at(1), self.dt), half))
 
     def combine(self, op: str, a: k.Expr, b: k.Expr) -> k.Expr:
         lanes = max(a.lanes, b.lanes)
@@ -203,7 +271,11 @@ class _Gen:
         return k.Bin(op, self.widen(a, lanes), self.widen(b, lanes))
 
     def widen(self, e: k.Expr, lanes: int) -> k.Expr:
-        return e if e.lanes == lanes else k.Broadcast(e, lanes)
+        if e.lanes == lanes:
+            return e
+        if e.lanes > 1 and 2 * e.lanes == lanes:  # a row of one half, for both paired rows
+            return k.Halves(e, e)
+        return k.Broadcast(e, lanes)
 
     def reduce(self, node: ix.Sum, ctxs: list[dict], out: list[k.Stmt]) -> list[k.Expr]:
         vectorized = node.index == self.s.vector
@@ -347,6 +419,12 @@ def lower_op(program: ix.Program, op: ix.Op, sched: OpSchedule, isa: Isa,
         u = dj if v == di else di
         vchunks = chunks(extent[v], isa.widths(program.dtype))
         bu, bv = sched.block
+        if sched.pairs:
+            _check_pairs(program, isa, extent[v], st, op.dims.index(v))
+            _row_blocks(extent[u], bu, sched.unroll, k.Var(f"{prefix}{u}"),
+                        lambda u0, un, body: _pair_block(gen, op, st, u, v, u0, un, body),
+                        stmts)
+            return stmts
 
         def block(u0: k.Expr, un: int, body: list[k.Stmt]) -> None:
             for c0 in range(0, len(vchunks), bv):
@@ -363,6 +441,8 @@ def lower_op(program: ix.Program, op: ix.Op, sched: OpSchedule, isa: Isa,
         _row_blocks(extent[u], bu, sched.unroll, k.Var(f"{prefix}{u}"), block, stmts)
         return stmts
     # scalar outputs per position (the lanes, if any, run along a reduction)
+    if sched.pairs:
+        raise ScheduleError("two rows per vector need the lanes on an output dimension")
     if st.scalar_var is not None:
         raise ScheduleError(f"{op.out} is an input scalar; it cannot be assigned")
     bu, bv = sched.block
@@ -376,6 +456,50 @@ def lower_op(program: ix.Program, op: ix.Op, sched: OpSchedule, isa: Isa,
 
     _row_blocks(extent[di], bu, sched.unroll, k.Var(f"{prefix}{di}"), rows, stmts)
     return stmts
+
+
+def _check_pairs(program: ix.Program, isa: Isa, width: int, st: _Storage, axis: int) -> None:
+    """Paired rows need the ISA's half-vector operations and an output dimension exactly
+    half a vector wide and contiguous."""
+    full = isa.lanes(program.dtype)
+    if ("halves", program.dtype) not in isa.ops or width * 2 != full:
+        raise ScheduleError(f"two rows per vector need {full // 2} columns and a target with "
+                            f"half-vector operations (have {width}, target {isa.name})")
+    if (st.rs, st.cs)[axis] != 1:
+        raise ScheduleError(f"two rows per vector need {st.buf} contiguous along its rows")
+
+
+def _pair_block(gen: _Gen, op: ix.Op, st: _Storage, u: str, v: str, u0: k.Expr, un: int,
+                body: list[k.Stmt]) -> None:
+    """``un`` rows from ``u0``: pairs of rows in full vectors, an odd last row in a
+    half-width one. A pair is stored with one full store where its rows are contiguous,
+    else half by half."""
+    width = gen.isa.lanes(gen.dt) // 2
+    chunk = _Chunk(0, width, width)
+    ctxs: list[dict] = [{u: _Pair(u0 + a), v: chunk} for a in range(0, un - 1, 2)]
+    if un % 2:
+        ctxs.append({u: u0 + (un - 1), v: chunk})
+    values = gen.value(op.body, ctxs, body)
+    row_stride = st.rs if u == op.dims[0] else st.cs
+
+    def index(row: k.Expr) -> k.Expr:
+        return st.index(row, k.Const(0)) if u == op.dims[0] else st.index(k.Const(0), row)
+
+    for ctx, val in zip(ctxs, values, strict=True):
+        row = ctx[u]
+        if not isinstance(row, _Pair):
+            body.append(k.Store(st.buf, index(row), gen.widen(val, width)))
+            continue
+        val = gen.widen(val, 2 * width)
+        if row_stride == width:
+            body.append(k.Store(st.buf, index(row.start), val))
+            continue
+        if not isinstance(val, (k.Var, k.Const)):  # evaluated once for both halves
+            var = gen.fresh("pair", val.lanes)
+            body.append(k.Decl(var, val))
+            val = var
+        body.append(k.Store(st.buf, index(row.start), k.Half(val, 0)))
+        body.append(k.Store(st.buf, index(row.start + 1), k.Half(val, 1)))
 
 
 def _row_blocks(extent: int, bu: int, unroll: int, var: k.Var,
@@ -438,7 +562,35 @@ def candidates(program: ix.Program, op: ix.Op, isa: Isa | None = None) -> list[O
                 if (block, split) not in seen:
                     seen.add((block, split))
                     result.append(OpSchedule(v, block, split=split))
+        if isa is not None and v in extent:
+            result += _pair_candidates(program, op, isa, v, extent, terms)
     return result
+
+
+#: Rows per block tried with two rows per vector (one accumulator per two rows).
+PAIR_ROWS = (2, 4, 6, 8, 12, 16)
+
+
+def _pair_candidates(program: ix.Program, op: ix.Op, isa: Isa, v: str, extent: dict,
+                     terms: int) -> list[OpSchedule]:
+    """Schedules with two rows per vector when the lane dimension is half a vector wide."""
+    u = op.dims[1] if v == op.dims[0] else op.dims[0]
+    lanes = isa.lanes(program.dtype)
+    if ("halves", program.dtype) not in isa.ops or 2 * extent[v] != lanes or extent[u] < 2:
+        return []
+    out, seen = [], set()
+    for rows in PAIR_ROWS:
+        rows = min(rows, extent[u])
+        accs = -(-rows // 2)
+        if accs + 2 > isa.registers:
+            continue
+        for split in SPLITS:
+            if split > 1 and (terms < 2 * split or accs * split > isa.registers - 4):
+                continue
+            if (rows, split) not in seen:
+                seen.add((rows, split))
+                out.append(OpSchedule(v, (rows, 1), split=split, pairs=True))
+    return out
 
 
 def sums_of(n: ix.Node) -> list[ix.Sum]:
