@@ -21,7 +21,7 @@ from ..ir import indexed as ix
 from ..ir import kernel as k
 from ..runtime.signature import ArgSpec
 from ..target.isa import Isa
-from ..transform.blac import OpSchedule, build_module, candidates, sums_of
+from ..transform.blac import OpSchedule, block_registers, build_module, candidates, sums_of
 
 SEARCHES = ("model", "exhaustive", "random")
 
@@ -208,12 +208,12 @@ def model_cost(module: k.Module, registers_needed: int, registers: int) -> float
 
 
 def _registers(op: ix.Op, sched: OpSchedule) -> int:
-    """Vector registers a block keeps live: its accumulators (per partial chain and per
-    reduction nested in the body), one shared vector per block column, one broadcast."""
+    """Vector registers a block keeps live (``block_registers``), with an accumulator per
+    partial chain and per reduction nested in the body."""
     bu, bv = sched.block
-    if sched.pairs:  # two rows per accumulator
-        bu = -(-bu // 2)
-    return bu * bv * sched.split * max(1, len(sums_of(op.body))) + bv + 1
+    if sched.pairs:  # two rows per accumulator, a row of B shared by them
+        return -(-bu // 2) * bv * sched.split * max(1, len(sums_of(op.body))) + bv + 1
+    return block_registers(bu, bv, sched.split * max(1, len(sums_of(op.body))))
 
 
 def _work(n: ix.Node) -> int:
