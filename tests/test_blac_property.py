@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -206,3 +207,24 @@ def test_reference_agrees_with_numpy_on_a_fixed_program():
     A, x, y = rng.standard_normal((3, 4)), rng.standard_normal(4), rng.standard_normal(3)
     got = evaluate(typed, {"A": A, "x": x, "y": y, "a": 1.5})["y"]
     np.testing.assert_allclose(got, 1.5 * A @ x - 2 * y, rtol=1e-14)
+
+
+# Programs hypothesis once found: nested sums renamed by depth must not capture each
+# other's index (an inner sum renamed to the outer one's old name, or the reverse).
+NESTED_SUM_REGRESSIONS = [
+    ("out0 = (-((M0 * v1) + v2)) + out0\nout1 = (0.5 + (v4' * (M5 * v6))) + out1",
+     dict(M0=blacc.Matrix(11, 8, "f32"), v1=blacc.Vector(8, "f32"),
+          v2=blacc.Vector(11, "f32"), out0=blacc.Vector(11, "f32"),
+          v4=blacc.Vector(3, "f32"), M5=blacc.Matrix(3, 9, "f32"),
+          v6=blacc.Vector(9, "f32"), out1=blacc.Scalar("f32"))),
+    ("out0 = (v0 + (M1 * v2))\nout1 = (v4' * (v4 + (M5 * v2)))",
+     dict(v0=blacc.Vector(4, "f32"), M1=blacc.Matrix(4, 2, "f32"), v2=blacc.Vector(2, "f32"),
+          out0=blacc.Vector(4, "f32"), v4=blacc.Vector(3, "f32"),
+          M5=blacc.Matrix(3, 2, "f32"), out1=blacc.Scalar("f32"))),
+]
+
+
+@pytest.mark.parametrize("source, decls", NESTED_SUM_REGRESSIONS)
+@pytest.mark.parametrize("target", ["avx2", "generic"])
+def test_nested_sums_found_by_hypothesis(source, decls, target):
+    _check_interpreted(source, decls, "f32", 297, target)

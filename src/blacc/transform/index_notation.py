@@ -14,6 +14,8 @@ computed once into a temporary instead — the only temporaries made.
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from ..frontend import typed as t
@@ -134,21 +136,38 @@ def _rename(n: ix.Node, old: str, new: str) -> ix.Node:
     return n
 
 
-def name_sums_by_depth(n: ix.Node, depth: int = 0) -> ix.Node:
-    """Name every summation index after its nesting depth (k1 outermost, k2 inside it...),
-    so sibling sums share a name and one schedule vectorizes all of them: in
-    ``alpha*A*x + beta*B*x`` both products reduce along ``k1``, instead of ``k1`` and
-    ``k2`` with only one of them on the vector lanes."""
+def _unique_sums(n: ix.Node, fresh: Iterator[str]) -> ix.Node:
+    """Every summation index renamed to a fresh name, innermost first (a fresh name is
+    never one the body uses, so nothing is captured)."""
     if isinstance(n, ix.Neg):
-        return ix.Neg(name_sums_by_depth(n.x, depth))
+        return ix.Neg(_unique_sums(n.x, fresh))
     if isinstance(n, (ix.Add, ix.Mul)):
-        return type(n)(name_sums_by_depth(n.a, depth), name_sums_by_depth(n.b, depth))
+        return type(n)(_unique_sums(n.a, fresh), _unique_sums(n.b, fresh))
+    if not isinstance(n, ix.Sum):
+        return n
+    name = next(fresh)
+    return ix.Sum(name, n.extent, _rename(_unique_sums(n.body, fresh), n.index, name))
+
+
+def _depth_names(n: ix.Node, depth: int) -> ix.Node:
+    if isinstance(n, ix.Neg):
+        return ix.Neg(_depth_names(n.x, depth))
+    if isinstance(n, (ix.Add, ix.Mul)):
+        return type(n)(_depth_names(n.a, depth), _depth_names(n.b, depth))
     if not isinstance(n, ix.Sum):
         return n
     name = f"k{depth + 1}"
-    # the body's own sums are renamed first: none of them can be called ``name`` then
-    body = name_sums_by_depth(n.body, depth + 1)
-    return ix.Sum(name, n.extent, _rename(body, n.index, name))
+    return ix.Sum(name, n.extent, _depth_names(_rename(n.body, n.index, name), depth + 1))
+
+
+def name_sums_by_depth(n: ix.Node) -> ix.Node:
+    """Name every summation index after its nesting depth (k1 outermost, k2 inside it...),
+    so sibling sums share a name and one schedule vectorizes all of them: in
+    ``alpha*A*x + beta*B*x`` both products reduce along ``k1``, instead of ``k1`` and
+    ``k2`` with only one of them on the vector lanes. Indices first get unique names so
+    that renaming an outer sum cannot capture an inner one's index (or the reverse)."""
+    fresh = (f"_s{i}" for i in itertools.count())
+    return _depth_names(_unique_sums(n, fresh), 0)
 
 
 def to_indexed(program: t.TypedProgram) -> ix.Program:
