@@ -234,10 +234,11 @@ def check_untouched(s, buf: np.ndarray) -> None:
     assert (buf[mask] == SENTINEL).all(), f"{s.name}: padding or slack was written"
 
 
-def run_interp(module, specs, typed, values: dict) -> dict:
-    """Run ``module`` through the interpreter; the outputs by name."""
+def run_interp(module, specs, typed, values: dict, slack: int = 3) -> dict:
+    """Run ``module`` through the interpreter; the outputs by name. ``slack``: sentinel
+    elements after each array (0: buffers end at the operands' last elements)."""
     dtype = typed.dtype
-    args = interp_buffers(specs, values, dtype)
+    args = interp_buffers(specs, values, dtype, slack=slack)
     before = {n: a.copy() for n, a in args.items() if isinstance(a, np.ndarray)}
     interp.run(module, args)
     got = {}
