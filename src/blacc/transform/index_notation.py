@@ -15,7 +15,7 @@ computed once into a temporary instead — the only temporaries made.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from ..frontend import typed as t
@@ -103,61 +103,67 @@ def _product(factors: list[ix.Node]) -> ix.Node:
     return out
 
 
+def _on_sums(n: ix.Node, f: Callable[[ix.Sum], ix.Node]) -> ix.Node:
+    """``n`` with every outermost Sum replaced by ``f(sum)`` (``f`` decides whether to
+    descend into the sum's body)."""
+    if isinstance(n, ix.Neg):
+        return ix.Neg(_on_sums(n.x, f))
+    if isinstance(n, (ix.Add, ix.Mul)):
+        return type(n)(_on_sums(n.a, f), _on_sums(n.b, f))
+    return f(n) if isinstance(n, ix.Sum) else n
+
+
 def hoist_invariant_factors(n: ix.Node) -> ix.Node:
     """sum_k s * a(k) * b(k) -> s * sum_k a(k) * b(k) when s does not depend on k, so
     ``alpha*A*B`` scales each result once instead of every product term.
 
         Sum(k, Mul(Mul(alpha, A[i,k]), B[k,j]))  ->  Mul(alpha, Sum(k, Mul(A[i,k], B[k,j])))
     """
-    if isinstance(n, ix.Neg):
-        return ix.Neg(hoist_invariant_factors(n.x))
-    if isinstance(n, (ix.Add, ix.Mul)):
-        return type(n)(hoist_invariant_factors(n.a), hoist_invariant_factors(n.b))
-    if not isinstance(n, ix.Sum):
-        return n
-    body = hoist_invariant_factors(n.body)
-    factors = _factors(body)
-    outside = [f for f in factors if n.index not in ix.indices_used(f) and not ix.has_sum(f)]
-    inside = [f for f in factors if f not in outside]
-    if not outside or not inside:
-        return ix.Sum(n.index, n.extent, body)
-    return ix.Mul(_product(outside), ix.Sum(n.index, n.extent, _product(inside)))
+
+    def hoist(s: ix.Sum) -> ix.Node:
+        body = hoist_invariant_factors(s.body)
+        factors = _factors(body)
+        outside = [f for f in factors
+                   if s.index not in ix.indices_used(f) and not ix.has_sum(f)]
+        inside = [f for f in factors if f not in outside]
+        if not outside or not inside:
+            return ix.Sum(s.index, s.extent, body)
+        return ix.Mul(_product(outside), ix.Sum(s.index, s.extent, _product(inside)))
+
+    return _on_sums(n, hoist)
 
 
 def _rename(n: ix.Node, old: str, new: str) -> ix.Node:
+    """Free occurrences of index ``old`` renamed to ``new`` (a Sum binding ``old`` again
+    shadows it)."""
     if isinstance(n, ix.Read):
         return ix.Read(n.operand, tuple(new if i == old else i for i in n.index))
     if isinstance(n, ix.Neg):
         return ix.Neg(_rename(n.x, old, new))
     if isinstance(n, (ix.Add, ix.Mul)):
         return type(n)(_rename(n.a, old, new), _rename(n.b, old, new))
-    if isinstance(n, ix.Sum):
-        return n if n.index == old else ix.Sum(n.index, n.extent, _rename(n.body, old, new))
+    if isinstance(n, ix.Sum) and n.index != old:
+        return ix.Sum(n.index, n.extent, _rename(n.body, old, new))
     return n
 
 
 def _unique_sums(n: ix.Node, fresh: Iterator[str]) -> ix.Node:
     """Every summation index renamed to a fresh name, innermost first (a fresh name is
     never one the body uses, so nothing is captured)."""
-    if isinstance(n, ix.Neg):
-        return ix.Neg(_unique_sums(n.x, fresh))
-    if isinstance(n, (ix.Add, ix.Mul)):
-        return type(n)(_unique_sums(n.a, fresh), _unique_sums(n.b, fresh))
-    if not isinstance(n, ix.Sum):
-        return n
-    name = next(fresh)
-    return ix.Sum(name, n.extent, _rename(_unique_sums(n.body, fresh), n.index, name))
+
+    def unique(s: ix.Sum) -> ix.Node:
+        name = next(fresh)
+        return ix.Sum(name, s.extent, _rename(_unique_sums(s.body, fresh), s.index, name))
+
+    return _on_sums(n, unique)
 
 
 def _depth_names(n: ix.Node, depth: int) -> ix.Node:
-    if isinstance(n, ix.Neg):
-        return ix.Neg(_depth_names(n.x, depth))
-    if isinstance(n, (ix.Add, ix.Mul)):
-        return type(n)(_depth_names(n.a, depth), _depth_names(n.b, depth))
-    if not isinstance(n, ix.Sum):
-        return n
-    name = f"k{depth + 1}"
-    return ix.Sum(name, n.extent, _depth_names(_rename(n.body, n.index, name), depth + 1))
+    def by_depth(s: ix.Sum) -> ix.Node:
+        name = f"k{depth + 1}"
+        return ix.Sum(name, s.extent, _depth_names(_rename(s.body, s.index, name), depth + 1))
+
+    return _on_sums(n, by_depth)
 
 
 def name_sums_by_depth(n: ix.Node) -> ix.Node:
