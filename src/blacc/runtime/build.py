@@ -59,8 +59,9 @@ def resolve_backend(backend: str | None) -> str:
 
     LLVM is preferred because it allocates the registers of the GEMM micro-kernel better:
     its k loop is exactly mr*nr/vl FMAs, mr broadcasts and nr/vl loads of B per step,
-    where gcc 12 re-loads B vectors as memory operands and shuffles registers (5-15%
-    slower in the same process, benchmarks/tune_gemm.py --backend c --backend llvm)."""
+    where gcc 12 re-loads B vectors as memory operands and shuffles registers (same-process
+    runs of benchmarks/tune_gemm.py --backend c --backend llvm: LLVM 7-19% faster on four
+    of six shapes, even or 2% slower on the other two)."""
     name = backend or os.environ.get("BLACC_BACKEND") or "auto"
     if name not in BACKENDS:
         raise ArgumentError(f"unknown backend {name!r}: choose one of {', '.join(BACKENDS)}")

@@ -17,19 +17,12 @@ a unit stride in one dimension); the extension re-checks what memory safety depe
 from __future__ import annotations
 
 import functools
-import importlib.machinery
-import sys
-import sysconfig
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
-from .. import __version__
-from ..backend.compiler import compile_shared
 from ..errors import CompilerError
 from .build import host_compiler
-from .cache import cache_key, default_cache
-from .pycall import EXTENSION_FLAGS, _extension_loader
+from .pycall import compile_extension
 
 __all__ = ["GIL_RELEASE_FLOPS", "gemm_caller", "caller_source"]
 
@@ -131,22 +124,7 @@ def gemm_caller() -> dict[str, Callable[..., Any]] | None:
     """``{'f32': call_f32, 'f64': call_f64}`` of the compiled extension, or None when no C
     compiler works (then the caller uses ctypes)."""
     try:
-        cc = host_compiler()
-    except CompilerError:
-        return None
-    flags = (*EXTENSION_FLAGS, f"-I{sysconfig.get_paths()['include']}")
-    key = cache_key(source=caller_source("blacc_gemmcall"),
-                    compiler=[cc.path, *cc.args, cc.version], flags=list(flags),
-                    python=sys.version, blacc=__version__)
-    name = f"blacc_gemmcall_{key[:16]}"
-
-    def compile_to(path: Path) -> None:
-        compile_shared(cc, caller_source(name), path, flags)
-
-    try:
-        module = default_cache().library(key, compile_to,
-                                         suffix=importlib.machinery.EXTENSION_SUFFIXES[0],
-                                         load=_extension_loader(name))
+        module = compile_extension(caller_source, "blacc_gemmcall", compiler=host_compiler())
     except CompilerError:
         return None
     return {"f32": module.call_f32, "f64": module.call_f64}

@@ -44,7 +44,8 @@ from ..errors import ArgumentError
 from .cache import KernelCache, cache_key, default_cache
 from .signature import ARRAY, IN, OUT, SCALAR, ArgSpec
 
-__all__ = ["EXTENSION_FLAGS", "FixedKernel", "build_extension", "wrapper_source"]
+__all__ = ["EXTENSION_FLAGS", "FixedKernel", "build_extension", "compile_extension",
+           "wrapper_source"]
 
 #: Flags every extension is compiled with, before the caller's (ISA) flags. Hidden
 #: visibility keeps the kernel's symbol private (PyInit_* is exported explicitly by
@@ -537,6 +538,32 @@ def _extension_loader(name: str) -> Callable[[Path], Any]:
     return load
 
 
+def compile_extension(render: Callable[[str], str], prefix: str, *,
+                      compiler: Compiler | None = None, flags: Sequence[str] = (),
+                      cache: KernelCache | None = None) -> ModuleType:
+    """Compile and import the CPython extension whose C source is ``render(module_name)``.
+
+    The module name goes into ``PyInit_<name>`` and so into the source: the source rendered
+    for ``prefix`` is keyed (it fixes the final source given the key), then the module is
+    named ``<prefix>_<key>``. Flags: :data:`EXTENSION_FLAGS`, the Python include directory,
+    then ``flags``. Cached on disk (``cache``, by default
+    :func:`~blacc.runtime.cache.default_cache`), keyed by source, compiler, flags and the
+    Python and blacc versions.
+    """
+    cc = compiler or find_compiler(os.environ.get("CC") or None)
+    all_flags = (*EXTENSION_FLAGS, f"-I{sysconfig.get_paths()['include']}", *flags)
+    key = cache_key(source=render(prefix), compiler=[cc.path, *cc.args, cc.version],
+                    flags=list(all_flags), python=sys.version, blacc=__version__)
+    name = f"{prefix}_{key[:16]}"
+
+    def compile_to(path: Path) -> None:
+        compile_shared(cc, render(name), path, all_flags)
+
+    suffix = importlib.machinery.EXTENSION_SUFFIXES[0]
+    return (cache or default_cache()).library(key, compile_to, suffix=suffix,
+                                              load=_extension_loader(name))
+
+
 def build_extension(kernel_c_source: str, entry_name: str, specs: Sequence[ArgSpec], *,
                     compiler: Compiler | None = None, flags: Sequence[str] = (),
                     release_gil: bool | None = None,
@@ -544,30 +571,16 @@ def build_extension(kernel_c_source: str, entry_name: str, specs: Sequence[ArgSp
     """Compile ``kernel_c_source`` (which defines ``int entry_name(...)``) together with
     its CPython wrapper and return the module's positional ``call`` function.
 
-    ``flags`` are the target's (ISA) flags, added after :data:`EXTENSION_FLAGS` and the
-    Python include directory. The extension is cached on disk (``cache``, by default
-    :func:`~blacc.runtime.cache.default_cache`), keyed by source, compiler, flags and the
-    Python and blacc versions.
+    ``flags`` are the target's (ISA) flags (see :func:`compile_extension`).
     """
     specs = tuple(specs)
-    cc = compiler or find_compiler(os.environ.get("CC") or None)
-    all_flags = (*EXTENSION_FLAGS, f"-I{sysconfig.get_paths()['include']}", *flags)
-    # The module name goes into PyInit_<name> and so into the source: key the template
-    # (which fixes the final source given the key), then name the module after the key.
-    template = kernel_c_source + wrapper_source(entry_name, specs, "blacc_k",
+
+    def render(name: str) -> str:
+        return kernel_c_source + wrapper_source(entry_name, specs, name,
                                                 release_gil=release_gil)
-    key = cache_key(source=template, compiler=[cc.path, *cc.args, cc.version],
-                    flags=list(all_flags), python=sys.version, blacc=__version__)
-    name = f"blacc_k_{key[:16]}"
-    source = kernel_c_source + wrapper_source(entry_name, specs, name, release_gil=release_gil)
 
-    def compile_to(path: Path) -> None:
-        compile_shared(cc, source, path, all_flags)
-
-    suffix = importlib.machinery.EXTENSION_SUFFIXES[0]
-    module = (cache or default_cache()).library(key, compile_to, suffix=suffix,
-                                                load=_extension_loader(name))
-    return module.call
+    return compile_extension(render, "blacc_k", compiler=compiler, flags=flags,
+                             cache=cache).call
 
 
 # ------------------------------------------------------------------------ by-name calls
