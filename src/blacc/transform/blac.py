@@ -14,7 +14,10 @@ independent. One index is mapped onto SIMD lanes:
 Extents that are not multiples of the vector length end with a narrower vector
 (128-bit on AVX2) or a masked one — never a scalar tail where a vector op fits.
 Loops with few iterations are unrolled into straight-line code with constant
-offsets; longer ones stay loops.
+offsets; longer ones stay loops. A long row of vectors is a loop over blocks of
+columns, with the broadcasts of the block's A elements hoisted out of it when they
+fit in the registers the block leaves (what makes gcc's plain loops fast for
+``C(4 x n) = A(4x4)*B(4 x n)``); else it stays straight-line code.
 
 An output dimension exactly half a vector wide (4 f32 or 2 f64 columns on AVX2) can
 instead hold two rows per register (``OpSchedule.pairs``): rows i and i+1 of C in the
@@ -37,6 +40,7 @@ from dataclasses import dataclass
 from ..errors import ScheduleError
 from ..ir import indexed as ix
 from ..ir import kernel as k
+from ..ir.walk import names_used, rewrite, substitute
 from ..runtime.signature import ARRAY, ArgSpec
 from ..target.isa import Isa
 
@@ -426,17 +430,51 @@ def lower_op(program: ix.Program, op: ix.Op, sched: OpSchedule, isa: Isa,
                         stmts)
             return stmts
 
+        lanes = vchunks[0].width
+        chains = sched.split * max(1, len(sums_of(op.body)))
+        # leading groups of bv full vectors: a loop over them when there are many
+        looped = 0
+        while (looped + 1) * bv <= len(vchunks) and all(
+                not c.masked and c.width == lanes
+                for c in vchunks[looped * bv:(looped + 1) * bv]):
+            looped += 1
+        if looped <= max(1, sched.unroll // (bv * lanes)):
+            looped = 0
+
+        def group(u0: k.Expr, un: int, chunk_group: list[_Chunk], body: list[k.Stmt]) -> None:
+            ctxs = [{u: u0 + a, v: c} for a in range(un) for c in chunk_group]
+            values = gen.value(op.body, ctxs, body)
+            for ctx, val in zip(ctxs, values, strict=True):
+                c = ctx[v]
+                r, col = (c.start_expr if x is c else x for x in (ctx[di], ctx[dj]))
+                count = k.Const(c.count) if c.masked else None
+                body.append(k.Store(st.buf, st.index(r, col), gen.widen(val, c.width),
+                                    count))
+
         def block(u0: k.Expr, un: int, body: list[k.Stmt]) -> None:
+            if looped:
+                # the block's vectors in a loop with its broadcasts hoisted out of it,
+                # if they fit in the registers the block leaves (else straight-line
+                # code: a loop that broadcasts every element of A again per iteration
+                # is slower, and gcc spills the addresses of the broadcasts)
+                var = k.Var(f"{prefix}{v}")
+                inner: list[k.Stmt] = []
+                group(u0, un, [_Chunk(var + b * lanes, lanes, lanes) for b in range(bv)],
+                      inner)
+                spare = isa.registers - block_registers(un, bv, chains)
+                tail: list[k.Stmt] = []
+                for c0 in range(looped * bv, len(vchunks), bv):
+                    group(u0, un, vchunks[c0:c0 + bv], tail)
+                hoisted = _hoist_broadcasts(gen, inner, var, spare, tail)
+                if hoisted is not None:
+                    decls, inner, tail = hoisted
+                    body += decls
+                    body.append(k.For(var, k.Const(0), k.Const(looped * bv * lanes),
+                                      bv * lanes, tuple(inner)))
+                    body += tail
+                    return
             for c0 in range(0, len(vchunks), bv):
-                group = vchunks[c0:c0 + bv]
-                ctxs = [{u: u0 + a, v: c} for a in range(un) for c in group]
-                values = gen.value(op.body, ctxs, body)
-                for ctx, val in zip(ctxs, values, strict=True):
-                    c = ctx[v]
-                    r, col = (c.start_expr if x is c else x for x in (ctx[di], ctx[dj]))
-                    count = k.Const(c.count) if c.masked else None
-                    body.append(k.Store(st.buf, st.index(r, col), gen.widen(val, c.width),
-                                        count))
+                group(u0, un, vchunks[c0:c0 + bv], body)
 
         _row_blocks(extent[u], bu, sched.unroll, k.Var(f"{prefix}{u}"), block, stmts)
         return stmts
@@ -456,6 +494,66 @@ def lower_op(program: ix.Program, op: ix.Op, sched: OpSchedule, isa: Isa,
 
     _row_blocks(extent[di], bu, sched.unroll, k.Var(f"{prefix}{di}"), rows, stmts)
     return stmts
+
+
+def _hoist_broadcasts(gen: _Gen, body: list[k.Stmt], var: k.Var, budget: int,
+                      after: list[k.Stmt]
+                      ) -> tuple[list[k.Stmt], list[k.Stmt], list[k.Stmt]] | None:
+    """Broadcasts of loads that do not depend on the loop variable ``var`` (an element
+    of A for a loop along a row of C): (their declarations before the loop, the loop
+    body and the statements ``after`` it rewritten to use them — a narrower broadcast
+    after it takes the low half), or None when there are more than ``budget``. C
+    compilers do not hoist a broadcast-load intrinsic out of a loop that stores."""
+    written: set[str] = set()  # buffers stored to and variables set inside the loop
+    inside = {var.name}
+
+    def collect(stmts: tuple[k.Stmt, ...] | list[k.Stmt]) -> None:
+        for s in stmts:
+            if isinstance(s, k.Store):
+                written.add(s.buf)
+            elif isinstance(s, (k.Decl, k.Assign)):
+                inside.add(s.var.name)
+            elif isinstance(s, k.For):
+                inside.add(s.var.name)
+                collect(s.body)
+
+    collect(body)
+    found: dict[k.Expr, k.Var] = {}
+
+    def visit(x: object) -> object:
+        if (isinstance(x, k.Broadcast) and isinstance(x.value, k.Load)
+                and x.value.count is None and x.value.buf not in written
+                and not names_used(x.value.index) & inside):
+            if x not in found:
+                found[x] = gen.fresh("inv", x.lanes)
+            return found[x]
+        return x
+
+    inner = [rewrite(s, visit) for s in body]
+    if len(found) > budget:
+        return None
+    by_load = {e.value: v for e, v in found.items()}
+
+    def reuse(x: object) -> object:
+        if isinstance(x, k.Broadcast) and x.value in by_load:
+            v = by_load[x.value]
+            if x.lanes == v.lanes:
+                return v
+            if 2 * x.lanes == v.lanes:
+                return k.Half(v, 0)
+        return x
+
+    hoisted = set(found.values())
+
+    def drop_copies(stmts: list[k.Stmt]) -> list[k.Stmt]:
+        """A variable that only named a hoisted broadcast is replaced by it."""
+        copies = {s.var.name: s.value for s in stmts
+                  if isinstance(s, k.Decl) and s.value in hoisted}
+        return [substitute(s, copies) for s in stmts
+                if not (isinstance(s, k.Decl) and s.var.name in copies)]
+
+    return ([k.Decl(v, e) for e, v in found.items()], drop_copies(inner),
+            drop_copies([rewrite(s, reuse) for s in after]))
 
 
 def _check_pairs(program: ix.Program, isa: Isa, width: int, st: _Storage, axis: int) -> None:
