@@ -452,6 +452,7 @@ def lower_op(program: ix.Program, op: ix.Op, sched: OpSchedule, isa: Isa,
                                     count))
 
         def block(u0: k.Expr, un: int, body: list[k.Stmt]) -> None:
+            hoisted = None
             if looped:
                 # the block's vectors in a loop with its broadcasts hoisted out of it,
                 # if they fit in the registers the block leaves (else straight-line
@@ -461,20 +462,21 @@ def lower_op(program: ix.Program, op: ix.Op, sched: OpSchedule, isa: Isa,
                 inner: list[k.Stmt] = []
                 group(u0, un, [_Chunk(var + b * lanes, lanes, lanes) for b in range(bv)],
                       inner)
+            tail: list[k.Stmt] = []  # the vectors after the looped groups
+            for c0 in range(looped * bv, len(vchunks), bv):
+                group(u0, un, vchunks[c0:c0 + bv], tail)
+            if looped:
                 spare = isa.registers - block_registers(un, bv, chains)
-                tail: list[k.Stmt] = []
-                for c0 in range(looped * bv, len(vchunks), bv):
-                    group(u0, un, vchunks[c0:c0 + bv], tail)
                 hoisted = _hoist_broadcasts(gen, inner, var, spare, tail)
-                if hoisted is not None:
-                    decls, inner, tail = hoisted
-                    body += decls
-                    body.append(k.For(var, k.Const(0), k.Const(looped * bv * lanes),
-                                      bv * lanes, tuple(inner)))
-                    body += tail
-                    return
-            for c0 in range(0, len(vchunks), bv):
-                group(u0, un, vchunks[c0:c0 + bv], body)
+            if hoisted is not None:
+                decls, inner, tail = hoisted
+                body += decls
+                body.append(k.For(var, k.Const(0), k.Const(looped * bv * lanes), bv * lanes,
+                                  tuple(inner)))
+            else:
+                for c0 in range(0, looped * bv, bv):
+                    group(u0, un, vchunks[c0:c0 + bv], body)
+            body += tail
 
         _row_blocks(extent[u], bu, sched.unroll, k.Var(f"{prefix}{u}"), block, stmts)
         return stmts
@@ -504,8 +506,8 @@ def _hoist_broadcasts(gen: _Gen, body: list[k.Stmt], var: k.Var, budget: int,
     body and the statements ``after`` it rewritten to use them — a narrower broadcast
     after it takes the low half), or None when there are more than ``budget``. C
     compilers do not hoist a broadcast-load intrinsic out of a loop that stores."""
-    written: set[str] = set()  # buffers stored to and variables set inside the loop
-    inside = {var.name}
+    written: set[str] = set()  # buffers stored to inside the loop
+    inside = {var.name}  # variables set inside it
 
     def collect(stmts: tuple[k.Stmt, ...] | list[k.Stmt]) -> None:
         for s in stmts:
