@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from ..errors import ScheduleError
 from ..ir import kernel as k
-from ..ir.walk import names_used, rewrite
+from ..ir.walk import names_used, rewrite, simplify
 from ..target.isa import GENERIC, Isa
 
 _SCALAR = {"f32": "float", "f64": "double", "i64": "int64_t", "i32": "int32_t", "bool": "int"}
@@ -65,6 +65,8 @@ class _Renderer:
             addr = self.addr(e.buf, e.index)
             if e.count is None:
                 return self.isa.op("load", e.dtype, e.lanes).format(addr=addr)
+            if self.pieces("load", e.dtype, e.lanes, e.count):
+                return self.load_first(e)
             mask = self.mask(e.dtype, e.count, e.lanes)
             return self.isa.op("mask_load", e.dtype, e.lanes).format(addr=addr, mask=mask)
         if isinstance(e, k.Broadcast):
@@ -87,6 +89,38 @@ class _Renderer:
         if isinstance(e, (k.Halves, k.HalfSplat, k.Half)):
             return self.halves(e)
         raise TypeError(f"the C backend cannot print {type(e).__name__}")
+
+    # A leftover vector of a known count moves as plain loads and stores of its first
+    # lanes (``Isa.partial_pieces``); a full vector as its two halves.
+    def pieces(self, kind: str, dtype: str, lanes: int,
+               count: k.Expr) -> tuple[int, ...] | None:
+        if not isinstance(count, k.Const):
+            return None
+        return self.isa.plain_moves(kind, dtype, lanes, int(count.value))
+
+    def load_first(self, e: k.Load) -> str:
+        """One narrower load (``Isa.plain_moves``), zero-extended to the full width."""
+        count, half = int(e.count.value), self.isa.narrow[e.dtype].lanes
+        if e.lanes == half:
+            return self.isa.op(f"load_first{count}", e.dtype, half).format(
+                addr=self.addr(e.buf, e.index))
+        lo = k.Load(e.buf, e.index, e.dtype, half, None if count == half else e.count)
+        return self.isa.op("zext", e.dtype).format(x=self.expr(lo))
+
+    def store_first(self, buf: str, index: k.Expr, x: str, dtype: str, lanes: int,
+                    count: int) -> list[str]:
+        half = self.isa.narrow[dtype].lanes
+        if lanes == half:
+            return [self.isa.op(f"store_first{count}", dtype, half).format(
+                addr=self.addr(buf, index), x=x)]
+        lo = self.isa.op("half_lo", dtype, lanes).format(x=x)
+        if count < half:
+            return self.store_first(buf, index, lo, dtype, half, count)
+        out = [self.isa.op("store", dtype, half).format(addr=self.addr(buf, index), x=lo)]
+        if count > half:
+            hi = self.isa.op("half_hi", dtype, lanes).format(x=x)
+            out += self.store_first(buf, simplify(index + half), hi, dtype, half, count - half)
+        return out
 
     def halves(self, e: k.Halves | k.HalfSplat | k.Half) -> str:
         """The half-vector nodes; the full vector must be one of the target's."""
@@ -127,6 +161,12 @@ class _Renderer:
             dt = s.value.dtype
             if s.count is None:
                 return [f"{pad}{self.isa.op('store', dt, lanes).format(addr=addr, x=x)};"]
+            if self.pieces("store", dt, lanes, s.count):
+                # the value is used by several stores: computed once, in a block of its own
+                part = "blacc_part"
+                stores = self.store_first(s.buf, s.index, part, dt, lanes, int(s.count.value))
+                return [f"{pad}{{", f"{pad}    {self.type(dt, lanes)} {part} = {x};",
+                        *(f"{pad}    {line};" for line in stores), f"{pad}}}"]
             mask = self.mask(dt, s.count, lanes)
             store = self.isa.op("mask_store", dt, lanes).format(addr=addr, mask=mask, x=x)
             return [f"{pad}{store};"]

@@ -394,9 +394,30 @@ class _FunctionWriter:
             plain = k.Load(e.buf, e.index, e.dtype)
             return self.select(k.Select(k.Bin("<", k.Const(0), e.count), plain,
                                         k.Const(0, e.dtype)))
+        count = self.known_count("load", e.dtype, e.lanes, e.count)
+        if count:  # the first lanes with a plain load, zeros in the others
+            ptr = self.address(e.buf, e.index)
+            if count == 1:
+                one = self.value(f"load {_SCALAR[e.dtype]}, ptr {ptr}, align {_SIZE[e.dtype]}",
+                                 e.dtype)
+                vec = _type(e.dtype, e.lanes)
+                return self.value(f"insertelement {vec} zeroinitializer, {one.typed}, i64 0",
+                                  e.dtype, e.lanes)
+            part = self.value(f"load {_type(e.dtype, count)}, ptr {ptr}, align "
+                              f"{_SIZE[e.dtype]}", e.dtype, count)
+            zeros = _Val("zeroinitializer", e.dtype, count)
+            return self.shuffle(part, zeros, [*range(count), *[count] * (e.lanes - count)])
         ptr = self.address(e.buf, e.index, inbounds=False)
         mask = self.mask(e.count, e.lanes)
         return self.value(self.masked("load", e.dtype, e.lanes, ptr, mask), e.dtype, e.lanes)
+
+    def known_count(self, kind: str, dtype: str, lanes: int, count: k.Expr) -> int | None:
+        """The count of a leftover vector moved with plain loads or stores of its first
+        lanes (``Isa.plain_moves``; LLVM picks the moves), else None: masked."""
+        if not isinstance(count, k.Const):
+            return None
+        n = int(count.value)
+        return n if self.m.isa.plain_moves(kind, dtype, lanes, n) else None
 
     def select(self, e: k.Select) -> _Val:
         if e.cond.lanes > 1 or (_speculatable(e.a) and _speculatable(e.b)):
@@ -464,6 +485,13 @@ class _FunctionWriter:
         if s.count is None:
             ptr = self.address(s.buf, s.index)
             self.emit(f"store {v.typed}, ptr {ptr}, align {_SIZE[v.dtype]}")
+            return
+        count = self.known_count("store", v.dtype, v.lanes, s.count)
+        if count:
+            ptr = self.address(s.buf, s.index)
+            part = (self.value(f"extractelement {v.typed}, i64 0", v.dtype) if count == 1
+                    else self.shuffle(v, None, list(range(count))))
+            self.emit(f"store {part.typed}, ptr {ptr}, align {_SIZE[v.dtype]}")
             return
         ptr = self.address(s.buf, s.index, inbounds=False)
         self.emit(self.masked("store", v.dtype, v.lanes, ptr, self.mask(s.count, v.lanes), v))

@@ -27,7 +27,8 @@ SEARCHES = ("model", "exhaustive", "random")
 
 #: A core like Zen 3 or Skylake: two FMA pipes, two vector loads and one vector store per
 #: cycle, about six instructions dispatched per cycle, FMA latency 4. AVX2 masked stores
-#: are slow on AMD cores (about 12 cycles each), masked loads a little slower than loads.
+#: are slow on AMD cores (about 12 cycles each), masked loads a little slower than loads;
+#: leftovers of a known count use plain moves where the ISA has them (``_pieces``).
 FP_PIPES = 2
 #: In-register shuffles (vpermilps, vinsertf128, vextractf128) run on pipes of their
 #: own next to the FMA pipes (Zen 3: FP1 and FP2, one of them shared with FMAs;
@@ -93,7 +94,7 @@ def _uses(e: k.Expr, name: str) -> bool:
     return False
 
 
-def _expr_issue(e: k.Expr, acc: _Issue, loop: str | None = None,
+def _expr_issue(e: k.Expr, acc: _Issue, isa: Isa, loop: str | None = None,
                 joined: set[k.Expr] | None = None) -> None:
     """Add the instructions of ``e`` to ``acc``. Inside a loop over ``loop``, a load whose
     address does not depend on it is hoisted out of the loop by the C compiler (B of
@@ -101,7 +102,13 @@ def _expr_issue(e: k.Expr, acc: _Issue, loop: str | None = None,
     if isinstance(e, k.Load):
         if loop is not None and not _uses(e.index, loop):
             return
-        acc.loads += MASKED_LOAD if e.count is not None else 1.0
+        if e.count is None:
+            acc.loads += 1.0
+        elif pieces := _pieces(isa, "load", e.dtype, e.lanes, e.count):
+            acc.loads += len(pieces)  # joined by shuffles
+            acc.shuffles += len(pieces) - 1
+        else:
+            acc.loads += MASKED_LOAD
     elif isinstance(e, k.Broadcast):
         if isinstance(e.value, k.Load) and e.value.count is None:
             # a broadcast straight from memory: a load of its own (not folded into an
@@ -114,22 +121,22 @@ def _expr_issue(e: k.Expr, acc: _Issue, loop: str | None = None,
             # a splat of a constant or of a scalar variable (alpha) is hoisted by the C
             # compiler; one of a computed value costs a shuffle
             acc.fp += 1.0
-            _expr_issue(e.value, acc, loop, joined)
+            _expr_issue(e.value, acc, isa, loop, joined)
     elif isinstance(e, (k.Fma, k.Bin)):
         if e.dtype in ("f32", "f64"):
             acc.fp += 1.0
         for part in ((e.a, e.b, e.c) if isinstance(e, k.Fma) else (e.a, e.b)):
-            _expr_issue(part, acc, loop, joined)
+            _expr_issue(part, acc, isa, loop, joined)
     elif isinstance(e, k.Halves):
         lo = e.lo
         if lo == e.hi and isinstance(lo, k.Load) and lo.count is None:
             # one load duplicated into both halves (vbroadcastf128): a load, no FP slot
-            _expr_issue(lo, acc, loop, joined)
+            _expr_issue(lo, acc, isa, loop, joined)
             return
         # joining two halves takes a shuffle (vinsertf128, its load folded)
         acc.shuffles += 1.0
-        _expr_issue(lo, acc, loop, joined)
-        _expr_issue(e.hi, acc, loop, joined)
+        _expr_issue(lo, acc, isa, loop, joined)
+        _expr_issue(e.hi, acc, isa, loop, joined)
     elif isinstance(e, k.HalfSplat):
         # a shuffle with an immediate (vpermilps), its load folded; two rows joined from
         # two loads are joined once for all the lanes splatted from them (the C compiler
@@ -139,15 +146,23 @@ def _expr_issue(e: k.Expr, acc: _Issue, loop: str | None = None,
             if e.x in joined:
                 return
             joined.add(e.x)
-        _expr_issue(e.x, acc, loop, joined)
+        _expr_issue(e.x, acc, isa, loop, joined)
     elif isinstance(e, k.Half):
         if e.which:  # the high half needs vextractf128; the low one is free
             acc.shuffles += 1.0
-        _expr_issue(e.x, acc, loop, joined)
+        _expr_issue(e.x, acc, isa, loop, joined)
     elif isinstance(e, k.Reduce):
         # a shuffle and an add per halving; the shuffles mostly go to other pipes
         acc.fp += max(1, e.x.lanes.bit_length() - 1)
-        _expr_issue(e.x, acc, loop, joined)
+        _expr_issue(e.x, acc, isa, loop, joined)
+
+
+def _pieces(isa: Isa, kind: str, dtype: str, lanes: int,
+            count: k.Expr) -> tuple[int, ...] | None:
+    """The plain moves of a leftover vector of a known count (``Isa.plain_moves``)."""
+    if not isinstance(count, k.Const):
+        return None
+    return isa.plain_moves(kind, dtype, lanes, int(count.value))
 
 
 def _reduce_latency(e: k.Expr) -> int:
@@ -160,7 +175,7 @@ def _reduce_latency(e: k.Expr) -> int:
     return 0
 
 
-def _cycles(body: tuple[k.Stmt, ...],
+def _cycles(body: tuple[k.Stmt, ...], isa: Isa,
             loop: str | None = None) -> tuple[float, _Issue, int]:
     """(estimated cycles, instructions issued, dependent updates carried by variables
     declared outside ``body``) of straight-line code with loops. Straight-line code runs
@@ -180,14 +195,20 @@ def _cycles(body: tuple[k.Stmt, ...],
 
     for s in body:
         if isinstance(s, (k.Decl, k.Assign)):
-            _expr_issue(s.value, segment, loop, joined)
+            _expr_issue(s.value, segment, isa, loop, joined)
             if isinstance(s, k.Decl):
                 local.add(s.var.name)
             else:
                 chains[s.var.name] = chains.get(s.var.name, 0) + 1
         elif isinstance(s, k.Store):
-            segment.stores += MASKED_STORE if s.count is not None else 1.0
-            _expr_issue(s.value, segment, loop, joined)
+            if s.count is None:
+                segment.stores += 1.0
+            elif pieces := _pieces(isa, "store", s.value.dtype, s.value.lanes, s.count):
+                segment.stores += len(pieces)  # the later ones shuffled down first
+                segment.shuffles += len(pieces) - 1
+            else:
+                segment.stores += MASKED_STORE
+            _expr_issue(s.value, segment, isa, loop, joined)
             tail = max(tail, _reduce_latency(s.value))
         elif isinstance(s, k.For):
             total += close()
@@ -196,7 +217,7 @@ def _cycles(body: tuple[k.Stmt, ...],
             joined = set()
             chains = {n: c for n, c in chains.items() if n not in local}
             trips = max(0, (s.stop.value - s.start.value + s.step - 1) // s.step)
-            inner, inner_issue, carried = _cycles(s.body, s.var.name)
+            inner, inner_issue, carried = _cycles(s.body, isa, s.var.name)
             inner_issue.other += 2  # the counter and the branch
             # each iteration also pays for its taken branch and the loop's bookkeeping
             total += max(trips * (inner_issue.cycles + LOOP_OVERHEAD),
@@ -208,17 +229,17 @@ def _cycles(body: tuple[k.Stmt, ...],
     return total, issue, outer
 
 
-def model_cost(module: k.Module, registers_needed: int, registers: int) -> float:
+def model_cost(module: k.Module, registers_needed: int, isa: Isa) -> float:
     """Estimated cycles of a fixed-size kernel; a block that needs more vector registers
     than the target has spills (a store and a load per extra register and use)."""
     body = module.function(module.entry).body
-    cycles, _, _ = _cycles(body)
+    cycles, _, _ = _cycles(body, isa)
     # the straight-line code outside loops, at the rate it can be fetched
-    straight = sum(_cycles((s,))[1].total for s in body if not isinstance(s, k.For))
+    straight = sum(_cycles((s,), isa)[1].total for s in body if not isinstance(s, k.For))
     cycles = max(cycles, min(straight, OP_CACHE_INSTRUCTIONS) / DISPATCH
                  + max(0.0, straight - OP_CACHE_INSTRUCTIONS) / FRONTEND_RATE)
-    if registers_needed > registers:
-        cycles *= 1.0 + 0.25 * (registers_needed - registers)
+    if registers_needed > isa.registers:
+        cycles *= 1.0 + 0.25 * (registers_needed - isa.registers)
     return cycles
 
 
@@ -268,7 +289,7 @@ def options(program: ix.Program, specs: tuple[ArgSpec, ...], isa: Isa,
                 module = build_module(single, specs, (sched,), isa, "probe")
             except ScheduleError:
                 continue
-            found.append((model_cost(module, _registers(op, sched), isa.registers), sched))
+            found.append((model_cost(module, _registers(op, sched), isa), sched))
             found.sort(key=lambda o: o[0])
             del found[keep:]
         if not found:

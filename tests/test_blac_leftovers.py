@@ -1,0 +1,244 @@
+"""Leftover vectors of a known count (``Load``/``Store`` with a constant ``count``) move with
+plain stores of their first lanes where the ISA has them (``Isa.partial_pieces``), not with
+masked stores (microcoded on AMD cores), and with one narrower load where that can do it
+(``Isa.plain_moves``).
+
+* the decomposition into moves, per ISA, dtype, width and count;
+* one node of every width and count through the interpreter, the C backend and the LLVM
+  backend, on buffers with sentinels around them and PROT_NONE guard pages at both ends:
+  a load reads only its first ``count`` lanes and zeros the others, a store writes only
+  its first ``count`` lanes;
+* whole programs whose rows end in such leftovers, compiled both ways, against guard pages
+  with sentinel-filled padding between rows, and no masked move left in the code;
+* the cost model charges them as plain moves.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import blacc
+from blacc.backend import c as c_backend
+from blacc.backend import llvm as llvm_backend
+from blacc.blacs import plan
+from blacc.ir import interp
+from blacc.ir import kernel as k
+from blacc.strategy import small
+from blacc.target.isa import AVX2, GENERIC
+from blacc.transform.blac import build_module
+from guard import guarded_array, run_isolated
+from test_blac_pairs import _c_function, _llvm_function, needs_native
+from test_blac_programs import NP, assert_matches, make_values, seed_of
+
+M, V, S = blacc.Matrix, blacc.Vector, blacc.Scalar
+SENTINEL = -7777.0
+WIDTHS = [("f32", 8), ("f32", 4), ("f64", 4), ("f64", 2)]
+
+
+def test_partial_pieces_avx2():
+    pieces = {(dt, n): [AVX2.partial_pieces(dt, n, c) for c in range(n + 1)] for dt, n in WIDTHS}
+    assert pieces[("f32", 8)] == [None, (1,), (2,), (2, 1), (4,), (4, 1), (4, 2), (4, 2, 1),
+                                  None]
+    assert pieces[("f32", 4)] == [None, (1,), (2,), (2, 1), None]
+    assert pieces[("f64", 4)] == [None, (1,), (2,), (2, 1), None]
+    assert pieces[("f64", 2)] == [None, (1,), None]
+    assert AVX2.partial_pieces("f32", 8, -1) is None and AVX2.partial_pieces("f32", 8, 9) is None
+    assert GENERIC.partial_pieces("f32", 8, 3) is None
+
+
+def test_plain_moves_stores_always_loads_as_one_move():
+    for dt, n in WIDTHS:
+        for c in range(1, n):
+            assert AVX2.plain_moves("store", dt, n, c) == AVX2.partial_pieces(dt, n, c)
+            single = len(AVX2.partial_pieces(dt, n, c)) == 1
+            assert (AVX2.plain_moves("load", dt, n, c) is not None) == single, (dt, n, c)
+
+
+# ----------------------------------------------------------------------------- one node
+
+
+def _node_module(dtype: str, lanes: int, count: int) -> k.Module:
+    """full[0:lanes] = x[1 : 1+count] then zeros (a partial load stored whole);
+    out[1 : 1+count] = 2 * that (a partial store)."""
+    v = k.Var("v", dtype, lanes)
+    body = (k.Decl(v, k.Load("x", k.Const(1), dtype, lanes, k.Const(count))),
+            k.Store("full", k.Const(0), v),
+            k.Store("out", k.Const(1), k.Bin("+", v, v), k.Const(count)))
+    params = (k.Param("x", dtype, pointer=True, const=True),
+              k.Param("full", dtype, pointer=True), k.Param("out", dtype, pointer=True))
+    return k.Module((k.Function("f", params, body, exported=True),), "f")
+
+
+def _expected(dtype: str, lanes: int, count: int, x: np.ndarray) -> tuple[np.ndarray, ...]:
+    full = np.zeros(lanes, NP[dtype])
+    full[:count] = x[1:1 + count]
+    out = np.full(lanes + 2, SENTINEL, NP[dtype])
+    out[1:1 + count] = 2 * x[1:1 + count]
+    return full, out
+
+
+NODE_CASES = [(dt, n, c) for dt, n in WIDTHS for c in range(1, n)]
+
+
+@pytest.mark.parametrize(("dtype", "lanes", "count"), NODE_CASES)
+def test_partial_node_in_the_interpreter(dtype, lanes, count):
+    x = np.arange(1, count + 2, dtype=NP[dtype]) / 3  # exactly the lanes read, no slack
+    full = np.zeros(lanes, NP[dtype])
+    out = np.full(lanes + 2, SENTINEL, NP[dtype])
+    interp.run(_node_module(dtype, lanes, count), {"x": x, "full": full, "out": out})
+    want_full, want_out = _expected(dtype, lanes, count, x)
+    np.testing.assert_array_equal(full, want_full)
+    np.testing.assert_array_equal(out, want_out)
+
+
+@pytest.mark.parametrize(("dtype", "lanes", "count"), NODE_CASES)
+def test_partial_node_renders_plain_moves(dtype, lanes, count):
+    """No masked store; a masked load only where one narrower load cannot do it."""
+    module = _node_module(dtype, lanes, count)
+    src, ir = c_backend.render(module, AVX2), llvm_backend.render(module, AVX2)
+    assert "maskstore" not in src and "llvm.masked.store" not in ir, src
+    masked_load = AVX2.plain_moves("load", dtype, lanes, count) is None
+    assert ("maskload" in src) == masked_load, src
+    assert ("llvm.masked.load" in ir) == masked_load, ir
+
+
+@needs_native
+@pytest.mark.parametrize(("dtype", "lanes"), WIDTHS)
+def test_partial_nodes_compiled_against_guard_pages(tmp_path, dtype, lanes):
+    """Every count, gcc and the LLVM JIT: x ends at a guard page one element after the
+    last lane read, and out is surrounded by sentinels and guard pages."""
+    fns = []
+    for count in range(1, lanes):
+        module = _node_module(dtype, lanes, count)
+        fns += [(count, "c", _c_function(tmp_path, module)),
+                (count, "llvm", _llvm_function(module))]
+
+    def body() -> None:
+        for count, backend, fn in fns:
+            xv = np.arange(1, count + 2, dtype=NP[dtype]) / 3
+            for side in ("after", "before"):
+                x = guarded_array((1, count + 1), NP[dtype], side=side, fill=xv[None, :])
+                full = np.zeros(lanes, NP[dtype])
+                out = guarded_array((1, lanes + 2), NP[dtype], side=side, fill=SENTINEL)
+                assert fn(x.ctypes.data, full.ctypes.data, out.ctypes.data) == 0
+                want_full, want_out = _expected(dtype, lanes, count, xv)
+                where = f"{backend} {dtype} {lanes} lanes count {count} {side}"
+                np.testing.assert_array_equal(full, want_full, err_msg=where)
+                np.testing.assert_array_equal(out[0], want_out, err_msg=where)
+
+    run_isolated(body)
+
+
+# ----------------------------------------------------------------------------- programs
+
+#: (source, declarations for width n): rows of n elements end in leftovers; the padded
+#: leading dimensions put sentinels right after each row.
+PROGRAMS = {
+    "gemm": ("C = A*B + C", lambda n, dt: dict(
+        A=M(3, 2, dt), B=M(2, n, dt, ld=n + 3), C=M(3, n, dt, ld=n + 3))),
+    "axpy": ("y = alpha*x + y", lambda n, dt: dict(x=V(n, dt), y=V(n, dt), alpha=S(dt))),
+    "scale": ("C = alpha*A", lambda n, dt: dict(
+        A=M(5, n, dt, ld=n + 1), C=M(5, n, dt, ld=n + 2), alpha=S(dt))),
+}
+PROGRAM_CASES = [(name, dt, n) for name in PROGRAMS
+                 for dt, ns in (("f32", (2, 3, 5, 6, 7, 11, 14, 15)), ("f64", (1, 2, 3, 5, 6, 7)))
+                 for n in ns]
+
+
+def _counted(module: k.Module) -> int:
+    """Loads and stores with a count in ``module`` (each node once)."""
+    found = 0
+
+    def visit(x: object) -> None:
+        nonlocal found
+        if isinstance(x, (k.Load, k.Store)) and x.count is not None:
+            found += 1
+        if isinstance(x, (tuple, list)):
+            for y in x:
+                visit(y)
+        elif hasattr(x, "__dataclass_fields__"):
+            for name in x.__dataclass_fields__:
+                visit(getattr(x, name))
+
+    visit(module.functions)
+    return found
+
+
+def _padding_untouched(a: np.ndarray) -> bool:
+    """The elements of a guarded array's region outside the array still hold SENTINEL."""
+    flat = a
+    while flat.base is not None and flat.ndim != 1:
+        flat = flat.base
+    inside = np.zeros(flat.shape, bool)
+    start = (a.__array_interface__["data"][0] - flat.__array_interface__["data"][0])
+    idx = (start + np.add.outer(np.arange(a.shape[0]) * a.strides[0],
+                                np.arange(a.shape[1]) * a.strides[1])) // a.itemsize
+    inside[idx.ravel()] = True
+    return bool(np.all(flat[~inside] == SENTINEL))
+
+
+@needs_native
+@pytest.mark.parametrize(("name", "dtype", "n"), PROGRAM_CASES)
+def test_programs_with_leftovers_against_guard_pages(tmp_path, name, dtype, n):
+    source, decls_of = PROGRAMS[name]
+    decls = decls_of(n, dtype)
+    p = plan(source, target="avx2", **decls)
+    module = build_module(p.indexed, p.specs, p.schedule, AVX2, "pk")
+    if dtype == "f32" and n % 4 in (2, 3):
+        assert _counted(module), "the f32 rows should end in counted leftovers"
+    if _counted(module):
+        assert "maskstore" not in c_backend.render(module, AVX2)
+        assert "llvm.masked.store" not in llvm_backend.render(module, AVX2)
+    fns = [("c", _c_function(tmp_path, module)), ("llvm", _llvm_function(module))]
+    values = make_values(decls, dtype, np.random.default_rng(seed_of("left", name, n, dtype)))
+
+    def body() -> None:
+        for backend, fn in fns:
+            for side in ("after", "before"):
+                where = f"{name} n={n} {dtype} {backend} {side}"
+                got, arrays = _call(fn, p, values, side)
+                assert_matches(p.typed, values, got, where)
+                for a in arrays.values():
+                    assert _padding_untouched(a), f"{where}: a write between rows"
+
+    run_isolated(body)
+
+
+def _call(fn, p, values: dict, side: str) -> tuple[dict, dict]:
+    """Call ``fn`` on guarded operands; (outputs, the guarded arrays)."""
+    dtype = p.typed.dtype
+    args, arrays, scalars = [], {}, {}
+    for s in p.specs:
+        if s.kind == "scalar":
+            assert s.role == "in", "these programs have no scalar outputs"
+            args.append(values[s.name])
+            continue
+        value = np.asarray(values.get(s.name, np.zeros((s.rows, s.cols))))
+        order = "C" if s.layout == "row" else "F"
+        pad = s.leading_dimension - (s.cols if s.layout == "row" else s.rows)
+        arrays[s.name] = a = guarded_array((s.rows, s.cols), NP[dtype], order, side=side,
+                                           ld_pad=pad, fill=value.reshape(s.rows, s.cols),
+                                           pad_fill=SENTINEL)
+        args.append(a.__array_interface__["data"][0])
+    assert fn(*args) == 0
+    got = {s.name: np.array(arrays[s.name]) for s in p.specs if s.role != "in"}
+    return {**got, **scalars}, arrays
+
+
+def test_padding_check_sees_a_write():
+    a = guarded_array((2, 3), np.float64, ld_pad=2, fill=1.0, pad_fill=SENTINEL)
+    assert _padding_untouched(a)
+    a.base[3] = 0.0  # the first padding element, after row 0
+    assert not _padding_untouched(a)
+
+
+def test_model_charges_known_counts_as_plain_moves():
+    """C = A*B with 6 x 6 f32: each row ends in a 2-element leftover; with plain moves the
+    modelled cost is well below the masked stores' (12 cycles each)."""
+    decls = dict(A=M(6, 6, "f32"), B=M(6, 6, "f32"), C=M(6, 6, "f32"))
+    p = plan("C = A*B", target="avx2", **decls)
+    module = build_module(p.indexed, p.specs, p.schedule, AVX2, "pk")
+    assert _counted(module)
+    cost = small.model_cost(module, 0, AVX2)
+    assert cost < 6 * small.MASKED_STORE, cost
