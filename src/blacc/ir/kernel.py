@@ -280,6 +280,33 @@ class Reduce(Expr):
         return self.x.dtype
 
 
+@dataclass(frozen=True, eq=True)
+class SumLanes(Expr):
+    """Lane j is the sum of the lanes of ``xs[j]``: the horizontal sums of as many
+    vectors as each has lanes, transposed into one vector (rows of a matrix-vector
+    product stored at once, not one scalar at a time).
+
+        SumLanes((acc0, acc1, acc2, acc3))  ->  hadd(hadd(acc0, acc1), hadd(acc2, acc3))
+    """
+
+    xs: tuple[Expr, ...]
+
+    def __post_init__(self) -> None:
+        n = len(self.xs)
+        if n < 2 or n & (n - 1) or any(x.lanes != n or x.dtype != self.xs[0].dtype
+                                       for x in self.xs):
+            raise ValueError(f"SumLanes takes 2, 4, 8, ... vectors of as many lanes of one "
+                             f"type, got {[(x.lanes, x.dtype) for x in self.xs]}")
+
+    @property
+    def dtype(self) -> str:  # type: ignore[override]
+        return self.xs[0].dtype
+
+    @property
+    def lanes(self) -> int:  # type: ignore[override]
+        return len(self.xs)
+
+
 # ----------------------------------------------------------------------------- statements
 
 

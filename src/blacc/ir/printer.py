@@ -31,6 +31,8 @@ def expr(e: k.Expr) -> str:
         return f"&{e.buf}[{expr(e.index)}]"
     if isinstance(e, k.Reduce):
         return f"hsum({expr(e.x)})"
+    if isinstance(e, k.SumLanes):
+        return f"sumlanes({', '.join(expr(x) for x in e.xs)})"
     if isinstance(e, k.Halves):
         if e.lo == e.hi:
             return f"dup{e.lanes}({expr(e.lo)})"

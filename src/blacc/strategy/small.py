@@ -151,6 +151,12 @@ def _expr_issue(e: k.Expr, acc: _Issue, isa: Isa, loop: str | None = None,
         if e.which:  # the high half needs vextractf128; the low one is free
             acc.shuffles += 1.0
         _expr_issue(e.x, acc, isa, loop, joined)
+    elif isinstance(e, k.SumLanes):
+        # a tree of n - 1 hadds (two shuffles and an add each) for n rows at once
+        acc.fp += e.lanes - 1
+        acc.shuffles += 2 * (e.lanes - 1)
+        for x in e.xs:
+            _expr_issue(x, acc, isa, loop, joined)
     elif isinstance(e, k.Reduce):
         # a shuffle and an add per halving; the shuffles mostly go to other pipes
         acc.fp += max(1, e.x.lanes.bit_length() - 1)
@@ -169,6 +175,9 @@ def _reduce_latency(e: k.Expr) -> int:
     """Extra latency of horizontal sums at the end of a chain."""
     if isinstance(e, k.Reduce):
         return FMA_LATENCY * max(1, e.x.lanes.bit_length() - 1) + _reduce_latency(e.x)
+    if isinstance(e, k.SumLanes):  # one hadd per level of the tree
+        return (FMA_LATENCY * (e.lanes.bit_length() - 1)
+                + max(_reduce_latency(x) for x in e.xs))
     if isinstance(e, (k.Fma, k.Bin)):
         parts = (e.a, e.b, e.c) if isinstance(e, k.Fma) else (e.a, e.b)
         return max(_reduce_latency(p) for p in parts)

@@ -154,6 +154,12 @@ def _avx2_ops() -> dict[tuple[str, str], str]:
                               "_mm_set_epi64x(1, 0))")
     ops[("hsum", "f32x4")] = "blacc_hsum4_ps({x})"
     ops[("hsum", "f64x2")] = "blacc_hsum2_pd({x})"
+    # the sums of n vectors of n lanes as one vector (``SumLanes``): hadd trees
+    ops[("sum_lanes", "f32x4")] = "blacc_sum4x4_ps({x0}, {x1}, {x2}, {x3})"
+    ops[("sum_lanes", "f32")] = ("blacc_sum8x8_ps({x0}, {x1}, {x2}, {x3}, {x4}, {x5}, {x6}, "
+                                 "{x7})")
+    ops[("sum_lanes", "f64x2")] = "_mm_hadd_pd({x0}, {x1})"
+    ops[("sum_lanes", "f64")] = "blacc_sum4x4_pd({x0}, {x1}, {x2}, {x3})"
     # Leftovers of a known count move their first lanes with plain loads and stores
     # (``partial_pieces``, ``plain_moves``): an AVX2 masked store is microcoded on AMD
     # cores. Loads zero the other lanes, as a masked load does; a 256-bit vector is two
@@ -186,6 +192,25 @@ _AVX2_PRELUDE = {
 }""",
     "blacc_hsum4_pd": """static inline double blacc_hsum4_pd(__m256d v) {
     return blacc_hsum2_pd(_mm_add_pd(_mm256_castpd256_pd128(v), _mm256_extractf128_pd(v, 1)));
+}""",
+    "blacc_sum4x4_ps": """static inline __m128 blacc_sum4x4_ps(__m128 a, __m128 b, __m128 c,
+                                     __m128 d) {
+    return _mm_hadd_ps(_mm_hadd_ps(a, b), _mm_hadd_ps(c, d));
+}""",
+    # in-lane hadds leave [a b c d] summed per 128-bit half; the halves are added last
+    "blacc_sum8x8_ps": """static inline __m256 blacc_sum8x8_ps(__m256 a, __m256 b, __m256 c,
+                                     __m256 d, __m256 e, __m256 f,
+                                     __m256 g, __m256 h) {
+    __m256 abcd = _mm256_hadd_ps(_mm256_hadd_ps(a, b), _mm256_hadd_ps(c, d));
+    __m256 efgh = _mm256_hadd_ps(_mm256_hadd_ps(e, f), _mm256_hadd_ps(g, h));
+    return _mm256_add_ps(_mm256_permute2f128_ps(abcd, efgh, 0x20),
+                         _mm256_permute2f128_ps(abcd, efgh, 0x31));
+}""",
+    "blacc_sum4x4_pd": """static inline __m256d blacc_sum4x4_pd(__m256d a, __m256d b, __m256d c,
+                                      __m256d d) {
+    __m256d ab = _mm256_hadd_pd(a, b), cd = _mm256_hadd_pd(c, d);
+    return _mm256_add_pd(_mm256_permute2f128_pd(ab, cd, 0x20),
+                         _mm256_permute2f128_pd(ab, cd, 0x31));
 }""",
 }
 

@@ -43,6 +43,7 @@ from ..ir import kernel as k
 from ..ir.walk import names_used, rewrite, substitute
 from ..runtime.signature import ARRAY, ArgSpec
 from ..target.isa import Isa
+from .sum_lanes import batch_row_sums
 
 
 @dataclass(frozen=True)
@@ -736,6 +737,7 @@ def build_module(program: ix.Program, specs: tuple[ArgSpec, ...],
     body: list[k.Stmt] = [k.Local(o.name, program.dtype, o.rows * o.cols)
                           for o in program.operands if o.temporary]
     for n, (op, sched) in enumerate(zip(program.ops, schedule, strict=True)):
-        body += lower_op(program, op, sched, isa, store, prefix=f"s{n}_")
+        body += batch_row_sums(tuple(lower_op(program, op, sched, isa, store,
+                                              prefix=f"s{n}_")), isa)
     entry = k.Function(name, entry_params(specs), tuple(body), exported=True)
     return k.Module((entry,), entry=name)

@@ -1,0 +1,181 @@
+"""Rows whose results are horizontal sums, stored to consecutive elements, as one vector.
+
+A sum vectorized along its own index (``y[i] = sum_k A[i,k] * x[k]`` with ``k`` on the
+lanes) ends every row in a horizontal sum and a scalar store:
+
+    y[i+0] = alpha * hsum(acc0) + beta * y[i+0]
+    y[i+1] = alpha * hsum(acc1) + beta * y[i+1]        (... n rows)
+
+When n consecutive rows have the same expression, up to the accumulators summed and the
+element of the output they read, they are one vector statement instead:
+
+    y[i : i+n] = alpha * sumlanes(acc0, ..., acc{n-1}) + beta * y[i : i+n]
+
+``SumLanes`` transposes and adds n vectors of n lanes at once (a tree of hadds on AVX2:
+three for four f32 rows, where four separate horizontal sums take eight adds and eight
+shuffles). Wider accumulators are first halved (their two halves added). The vector
+statement takes the place of the group's last store; the stores before it are dropped,
+which is safe because nothing between them touches the output or reassigns what their
+values read.
+"""
+
+from __future__ import annotations
+
+from ..ir import kernel as k
+from ..ir.walk import names_used, rewrite
+from ..target.isa import Isa
+
+
+def batch_row_sums(body: tuple[k.Stmt, ...], isa: Isa) -> tuple[k.Stmt, ...]:
+    """``body`` with groups of row stores rewritten as vector stores (loops and branches
+    included)."""
+    stmts = [_inside(s, isa) for s in body]
+    out: list[k.Stmt] = []
+    i = 0
+    while i < len(stmts):
+        group = _group(stmts, i)
+        if len(group) < 2:
+            out.append(stmts[i])
+            i += 1
+            continue
+        rows = [stmts[j] for j in group]
+        replaced = _vector_stores(rows, isa)  # by position in the group
+        for j in range(i, group[-1] + 1):
+            if j in group:
+                out += replaced[group.index(j)]
+            else:
+                out.append(stmts[j])
+        i = group[-1] + 1
+    return tuple(out)
+
+
+def _inside(s: k.Stmt, isa: Isa) -> k.Stmt:
+    if isinstance(s, k.For):
+        return k.For(s.var, s.start, s.stop, s.step, batch_row_sums(s.body, isa))
+    if isinstance(s, k.If):
+        return k.If(s.cond, batch_row_sums(s.then, isa), batch_row_sums(s.orelse, isa))
+    return s
+
+
+def _is_row(s: k.Stmt) -> bool:
+    return (isinstance(s, k.Store) and s.count is None and s.value.lanes == 1
+            and _has_reduce(s.value))
+
+
+def _has_reduce(e: k.Expr) -> bool:
+    found = False
+
+    def visit(x: object) -> object:
+        nonlocal found
+        found = found or isinstance(x, k.Reduce)
+        return x
+
+    rewrite(e, visit)
+    return found
+
+
+def _offset(index: k.Expr, base: k.Expr) -> int | None:
+    """``index - base`` when it is a constant (indices as affine sums of variables)."""
+    a, b = _affine(index), _affine(base)
+    if a is None or b is None:
+        return None
+    terms = {v: a[0].get(v, 0) - b[0].get(v, 0) for v in a[0].keys() | b[0].keys()}
+    return a[1] - b[1] if not any(terms.values()) else None
+
+
+def _affine(e: k.Expr) -> tuple[dict[str, int], int] | None:
+    """(coefficient per variable, constant) of an integer index expression, or None."""
+    if isinstance(e, k.Const):
+        return {}, int(e.value)
+    if isinstance(e, k.Var):
+        return {e.name: 1}, 0
+    if isinstance(e, k.Bin) and e.op in "+-*":
+        a, b = _affine(e.a), _affine(e.b)
+        if a is None or b is None:
+            return None
+        if e.op == "*":
+            if a[0] and b[0]:
+                return None  # a product of variables
+            (terms, c), scale = (a, b[1]) if a[0] else (b, a[1])
+            return {v: n * scale for v, n in terms.items()}, c * scale
+        sign = 1 if e.op == "+" else -1
+        terms = dict(a[0])
+        for v, n in b[0].items():
+            terms[v] = terms.get(v, 0) + sign * n
+        return terms, a[1] + sign * b[1]
+    return None
+
+
+def _group(stmts: list[k.Stmt], i: int) -> list[int]:
+    """Positions of the row stores that can join the one at ``i``: to the next elements
+    of its buffer, with nothing in between that touches that buffer or reassigns a
+    variable the stores so far read."""
+    first = stmts[i]
+    if not _is_row(first):
+        return [i]
+    group, read = [i], set(names_used(first.value))
+    for j in range(i + 1, len(stmts)):
+        s = stmts[j]
+        if (_is_row(s) and s.buf == first.buf
+                and _offset(s.index, first.index) == len(group)):
+            group.append(j)
+            read |= set(names_used(s.value))
+            continue
+        if not isinstance(s, (k.Decl, k.Assign)) or first.buf in names_used(s.value):
+            break
+        if isinstance(s, k.Assign) and s.var.name in read:
+            break
+    return group
+
+
+def _vector_stores(rows: list[k.Store], isa: Isa) -> list[list[k.Stmt]]:
+    """Per row of the group, the statements that replace its store: the vector store at
+    the last row of each batch, nothing at the others; rows left over stay scalar."""
+    out: list[list[k.Stmt]] = [[r] for r in rows]
+    start = 0
+    while start < len(rows):
+        for n in (w for w in isa.widths(rows[start].value.dtype) if w > 1):
+            batch = rows[start:start + n]
+            value = _vectorize([r.value for r in batch], n, isa) if len(batch) == n else None
+            if value is not None:
+                for p in range(start, start + n):
+                    out[p] = []
+                out[start + n - 1] = [k.Store(batch[0].buf, batch[0].index, value)]
+                start += n
+                break
+        else:
+            start += 1
+    return out
+
+
+def _vectorize(values: list[k.Expr], n: int, isa: Isa) -> k.Expr | None:
+    """One ``n``-lane expression whose lane r is ``values[r]``, or None."""
+    first = values[0]
+    if all(v == first for v in values) and not _has_reduce(first):
+        return k.Broadcast(first, n)
+    if all(isinstance(v, k.Reduce) for v in values):
+        return _sum_lanes([v.x for v in values], n, isa)
+    if all(isinstance(v, k.Load) and v.lanes == 1 and v.count is None and v.buf == first.buf
+           and _offset(v.index, first.index) == r for r, v in enumerate(values)):
+        return k.Load(first.buf, first.index, first.dtype, n)
+    if all(isinstance(v, k.Bin) and v.op == first.op for v in values):
+        a = _vectorize([v.a for v in values], n, isa)
+        b = _vectorize([v.b for v in values], n, isa)
+        return None if a is None or b is None else k.Bin(first.op, a, b)
+    if all(isinstance(v, k.Fma) for v in values):
+        parts = [_vectorize([getattr(v, f) for v in values], n, isa) for f in "abc"]
+        return None if None in parts else k.Fma(*parts)
+    return None
+
+
+def _sum_lanes(xs: list[k.Expr], n: int, isa: Isa) -> k.Expr | None:
+    dtype = xs[0].dtype
+    if any(x.lanes != xs[0].lanes or x.dtype != dtype for x in xs) or xs[0].lanes < n:
+        return None
+    try:
+        isa.op("sum_lanes", dtype, n)
+    except KeyError:
+        return None
+    while xs[0].lanes > n:  # add the halves of wider accumulators first
+        xs = [k.Bin("+", k.Half(x, 0), k.Half(x, 1)) for x in xs]
+    return k.SumLanes(tuple(xs))
