@@ -94,7 +94,7 @@ class _Renderer:
         raise TypeError(f"the C backend cannot print {type(e).__name__}")
 
     # A leftover vector of a known count moves as plain loads and stores of its first
-    # lanes (``Isa.partial_pieces``); a full vector as its two halves.
+    # lanes where they beat masked ones (``Isa.plain_moves``); a full vector as its halves.
     def pieces(self, kind: str, dtype: str, lanes: int,
                count: k.Expr) -> tuple[int, ...] | None:
         if not isinstance(count, k.Const):

@@ -104,9 +104,8 @@ def _expr_issue(e: k.Expr, acc: _Issue, isa: Isa, loop: str | None = None,
             return
         if e.count is None:
             acc.loads += 1.0
-        elif pieces := _pieces(isa, "load", e.dtype, e.lanes, e.count):
-            acc.loads += len(pieces)  # joined by shuffles
-            acc.shuffles += len(pieces) - 1
+        elif _pieces(isa, "load", e.dtype, e.lanes, e.count):
+            acc.loads += 1.0  # one narrower load
         else:
             acc.loads += MASKED_LOAD
     elif isinstance(e, k.Broadcast):
