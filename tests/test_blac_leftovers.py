@@ -28,11 +28,11 @@ from blacc.strategy import small
 from blacc.target.isa import AVX2, GENERIC
 from blacc.transform.blac import build_module
 from guard import guarded_array, run_isolated
-from test_blac_pairs import _c_function, _llvm_function, needs_native
+from test_blac_pairs import _c_function, _guarded, _llvm_function, needs_native
 from test_blac_programs import NP, assert_matches, make_values, seed_of
 
 M, V, S = blacc.Matrix, blacc.Vector, blacc.Scalar
-SENTINEL = -7777.0
+SENTINEL = -7777.0  # also what test_blac_pairs._guarded fills the padding with
 WIDTHS = [("f32", 8), ("f32", 4), ("f64", 4), ("f64", 2)]
 
 
@@ -214,12 +214,8 @@ def _call(fn, p, values: dict, side: str) -> tuple[dict, dict]:
             assert s.role == "in", "these programs have no scalar outputs"
             args.append(values[s.name])
             continue
-        value = np.asarray(values.get(s.name, np.zeros((s.rows, s.cols))))
-        order = "C" if s.layout == "row" else "F"
-        pad = s.leading_dimension - (s.cols if s.layout == "row" else s.rows)
-        arrays[s.name] = a = guarded_array((s.rows, s.cols), NP[dtype], order, side=side,
-                                           ld_pad=pad, fill=value.reshape(s.rows, s.cols),
-                                           pad_fill=SENTINEL)
+        value = values.get(s.name, np.zeros((s.rows, s.cols)))
+        arrays[s.name] = a = _guarded(s, value, dtype, side)
         args.append(a.__array_interface__["data"][0])
     assert fn(*args) == 0
     got = {s.name: np.array(arrays[s.name]) for s in p.specs if s.role != "in"}

@@ -272,8 +272,8 @@ def _guarded(s, value, dtype: str, side: str) -> np.ndarray:
     """Operand ``s`` against a guard page, laid out as its spec says."""
     order = "C" if s.layout == "row" else "F"
     natural = s.cols if s.layout == "row" else s.rows
-    pad = s.leading_dimension - natural if s.rows > 1 and s.cols > 1 else 0
-    return guarded_array((s.rows, s.cols), NP[dtype], order, side=side, ld_pad=pad,
+    return guarded_array((s.rows, s.cols), NP[dtype], order, side=side,
+                         ld_pad=s.leading_dimension - natural,
                          fill=np.asarray(value).reshape(s.rows, s.cols), pad_fill=-7777.0)
 
 
