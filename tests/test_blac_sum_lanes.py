@@ -124,7 +124,8 @@ def test_pass_uses_full_vectors_for_eight_rows():
         _rows(4, dtype="f64", lanes=4))
 
 
-@pytest.mark.parametrize("breaker", ["reads y", "writes y", "reassigns", "gap", "differs"])
+@pytest.mark.parametrize("breaker", ["reads y", "writes y", "reassigns", "gap", "differs",
+                                     "reads a stored element"])
 def test_pass_leaves_groups_it_cannot_prove(breaker):
     rows = _rows(4)
     if breaker == "reads y":
@@ -135,8 +136,12 @@ def test_pass_leaves_groups_it_cannot_prove(breaker):
         rows.insert(3, k.Assign(_acc(0), k.Load("x", k.Const(0), "f32", 4)))
     elif breaker == "gap":
         rows[3] = k.Store("y", k.Const(5), rows[3].value)
-    else:
+    elif breaker == "differs":
         rows[5] = k.Store("y", k.Const(2), k.Reduce(_acc(2)))
+    else:  # y[r+1] = hsum(acc_r) + y[r]: y[r] was written by the row before
+        for r in range(4):
+            value = k.Bin("+", k.Reduce(_acc(r)), k.Load("y", k.Const(r), "f32"))
+            rows[2 * r + 1] = k.Store("y", k.Const(r + 1), value)
     body = batch_row_sums(tuple(rows), AVX2)
     assert all(lanes == 1 for _, lanes in _stores(body)), body
 

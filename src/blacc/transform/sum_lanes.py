@@ -58,8 +58,23 @@ def _inside(s: k.Stmt, isa: Isa) -> k.Stmt:
 
 
 def _is_row(s: k.Stmt) -> bool:
+    """A scalar store of a horizontal sum that reads its output, if at all, only at the
+    element it writes (so reading a whole group's elements before storing them is safe)."""
     return (isinstance(s, k.Store) and s.count is None and s.value.lanes == 1
-            and _has_reduce(s.value))
+            and _has_reduce(s.value)
+            and all(_offset(x.index, s.index) == 0 for x in _loads_of(s.value, s.buf)))
+
+
+def _loads_of(e: k.Expr, buf: str) -> list[k.Load]:
+    found: list[k.Load] = []
+
+    def visit(x: object) -> object:
+        if isinstance(x, k.Load) and x.buf == buf:
+            found.append(x)
+        return x
+
+    rewrite(e, visit)
+    return found
 
 
 def _has_reduce(e: k.Expr) -> bool:
