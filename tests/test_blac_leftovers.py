@@ -24,6 +24,7 @@ from blacc.backend import llvm as llvm_backend
 from blacc.blacs import plan
 from blacc.ir import interp
 from blacc.ir import kernel as k
+from blacc.ir.walk import nodes_of
 from blacc.strategy import small
 from blacc.target.isa import AVX2, GENERIC
 from blacc.transform.blac import build_module
@@ -147,22 +148,8 @@ PROGRAM_CASES = [(name, dt, n) for name in PROGRAMS
 
 
 def _counted(module: k.Module) -> int:
-    """Loads and stores with a count in ``module`` (each node once)."""
-    found = 0
-
-    def visit(x: object) -> None:
-        nonlocal found
-        if isinstance(x, (k.Load, k.Store)) and x.count is not None:
-            found += 1
-        if isinstance(x, (tuple, list)):
-            for y in x:
-                visit(y)
-        elif hasattr(x, "__dataclass_fields__"):
-            for name in x.__dataclass_fields__:
-                visit(getattr(x, name))
-
-    visit(module.functions)
-    return found
+    """Loads and stores with a count in ``module``."""
+    return sum(x.count is not None for x in nodes_of(module, (k.Load, k.Store)))
 
 
 def _padding_untouched(a: np.ndarray) -> bool:

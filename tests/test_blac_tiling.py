@@ -17,7 +17,7 @@ import pytest
 import blacc
 from blacc.blacs import plan
 from blacc.ir import kernel as k
-from blacc.ir.walk import rewrite
+from blacc.ir.walk import nodes_of, rewrite
 from blacc.strategy.small import options
 from blacc.target.isa import AVX2
 from blacc.transform.blac import OpSchedule, build_module, candidates
@@ -141,15 +141,8 @@ def _broadcasts_run(body: tuple[k.Stmt, ...], buf: str) -> int:
             trips = -(-(s.stop.value - s.start.value) // s.step)
             total += trips * _broadcasts_run(s.body, buf)
             continue
-        found: list[k.Expr] = []
-
-        def visit(x, found=found):
-            if isinstance(x, k.Broadcast) and isinstance(x.value, k.Load) and x.value.buf == buf:
-                found.append(x)
-            return x
-
-        rewrite(s, visit)
-        total += len(found)
+        total += sum(isinstance(x.value, k.Load) and x.value.buf == buf
+                     for x in nodes_of(s, k.Broadcast))
     return total
 
 

@@ -65,7 +65,7 @@ class _Renderer:
             addr = self.addr(e.buf, e.index)
             if e.count is None:
                 return self.isa.op("load", e.dtype, e.lanes).format(addr=addr)
-            if self.pieces("load", e.dtype, e.lanes, e.count):
+            if self.isa.plain_moves("load", e.dtype, e.lanes, k.const_value(e.count)):
                 return self.load_first(e)
             mask = self.mask(e.dtype, e.count, e.lanes)
             return self.isa.op("mask_load", e.dtype, e.lanes).format(addr=addr, mask=mask)
@@ -95,12 +95,6 @@ class _Renderer:
 
     # A leftover vector of a known count moves as plain loads and stores of its first
     # lanes where they beat masked ones (``Isa.plain_moves``); a full vector as its halves.
-    def pieces(self, kind: str, dtype: str, lanes: int,
-               count: k.Expr) -> tuple[int, ...] | None:
-        if not isinstance(count, k.Const):
-            return None
-        return self.isa.plain_moves(kind, dtype, lanes, int(count.value))
-
     def load_first(self, e: k.Load) -> str:
         """One narrower load (``Isa.plain_moves``), zero-extended to the full width."""
         count, half = int(e.count.value), self.isa.narrow[e.dtype].lanes
@@ -164,7 +158,7 @@ class _Renderer:
             dt = s.value.dtype
             if s.count is None:
                 return [f"{pad}{self.isa.op('store', dt, lanes).format(addr=addr, x=x)};"]
-            if self.pieces("store", dt, lanes, s.count):
+            if self.isa.plain_moves("store", dt, lanes, k.const_value(s.count)):
                 # the value is used by several stores: computed once, in a block of its own
                 part = "blacc_part"
                 stores = self.store_first(s.buf, s.index, part, dt, lanes, int(s.count.value))

@@ -394,8 +394,9 @@ class _FunctionWriter:
             plain = k.Load(e.buf, e.index, e.dtype)
             return self.select(k.Select(k.Bin("<", k.Const(0), e.count), plain,
                                         k.Const(0, e.dtype)))
-        count = self.known_count("load", e.dtype, e.lanes, e.count)
-        if count:  # the first lanes with a plain load, zeros in the others
+        count = k.const_value(e.count)
+        if self.m.isa.plain_moves("load", e.dtype, e.lanes, count):
+            # the first lanes with a plain load (LLVM picks the moves), zeros in the others
             ptr = self.address(e.buf, e.index)
             if count == 1:
                 one = self.value(f"load {_SCALAR[e.dtype]}, ptr {ptr}, align {_SIZE[e.dtype]}",
@@ -410,14 +411,6 @@ class _FunctionWriter:
         ptr = self.address(e.buf, e.index, inbounds=False)
         mask = self.mask(e.count, e.lanes)
         return self.value(self.masked("load", e.dtype, e.lanes, ptr, mask), e.dtype, e.lanes)
-
-    def known_count(self, kind: str, dtype: str, lanes: int, count: k.Expr) -> int | None:
-        """The count of a leftover vector moved with plain loads or stores of its first
-        lanes (``Isa.plain_moves``; LLVM picks the moves), else None: masked."""
-        if not isinstance(count, k.Const):
-            return None
-        n = int(count.value)
-        return n if self.m.isa.plain_moves(kind, dtype, lanes, n) else None
 
     def select(self, e: k.Select) -> _Val:
         if e.cond.lanes > 1 or (_speculatable(e.a) and _speculatable(e.b)):
@@ -486,8 +479,8 @@ class _FunctionWriter:
             ptr = self.address(s.buf, s.index)
             self.emit(f"store {v.typed}, ptr {ptr}, align {_SIZE[v.dtype]}")
             return
-        count = self.known_count("store", v.dtype, v.lanes, s.count)
-        if count:
+        count = k.const_value(s.count)
+        if self.m.isa.plain_moves("store", v.dtype, v.lanes, count):
             ptr = self.address(s.buf, s.index)
             part = (self.value(f"extractelement {v.typed}, i64 0", v.dtype) if count == 1
                     else self.shuffle(v, None, list(range(count))))

@@ -226,14 +226,15 @@ def wrap(x: Expr | int) -> Expr:
     return x if isinstance(x, Expr) else Const(x)
 
 
-def _const(e: Expr) -> int | float | None:
+def const_value(e: Expr | None) -> int | float | None:
+    """The value of ``e`` when it is a constant (e.g. a count known at generation time)."""
     return e.value if isinstance(e, Const) else None
 
 
 def add(a: Expr, b: Expr) -> Expr:
-    if _const(a) == 0:
+    if const_value(a) == 0:
         return b
-    if _const(b) == 0:
+    if const_value(b) == 0:
         return a
     if isinstance(a, Const) and isinstance(b, Const):
         return Const(a.value + b.value, a.dtype)
@@ -241,7 +242,7 @@ def add(a: Expr, b: Expr) -> Expr:
 
 
 def sub(a: Expr, b: Expr) -> Expr:
-    if _const(b) == 0:
+    if const_value(b) == 0:
         return a
     if isinstance(a, Const) and isinstance(b, Const):
         return Const(a.value - b.value, a.dtype)
@@ -249,11 +250,11 @@ def sub(a: Expr, b: Expr) -> Expr:
 
 
 def mul(a: Expr, b: Expr) -> Expr:
-    if _const(a) == 1:
+    if const_value(a) == 1:
         return b
-    if _const(b) == 1:
+    if const_value(b) == 1:
         return a
-    if _const(a) == 0 or _const(b) == 0:
+    if const_value(a) == 0 or const_value(b) == 0:
         return Const(0, a.dtype)
     if isinstance(a, Const) and isinstance(b, Const):
         return Const(a.value * b.value, a.dtype)

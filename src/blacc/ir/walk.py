@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from .kernel import Expr, Var
+
+T = TypeVar("T")
 
 
 def rewrite(node: Any, fn: Callable[[Any], Any]) -> Any:
@@ -55,6 +57,20 @@ def simplify(node: Any) -> Any:
         return x
 
     return rewrite(node, visit)
+
+
+def nodes_of(node: Any, kind: type[T] | tuple[type, ...]) -> list[T]:
+    """Every IR node of type ``kind`` (or of one of the types) in ``node``, children
+    before their parents."""
+    found: list[T] = []
+
+    def visit(x: Any) -> Any:
+        if isinstance(x, kind):
+            found.append(x)
+        return x
+
+    rewrite(node, visit)
+    return found
 
 
 def names_used(node: Any) -> set[str]:

@@ -28,7 +28,7 @@ SEARCHES = ("model", "exhaustive", "random")
 #: A core like Zen 3 or Skylake: two FMA pipes, two vector loads and one vector store per
 #: cycle, about six instructions dispatched per cycle, FMA latency 4. AVX2 masked stores
 #: are slow on AMD cores (about 12 cycles each), masked loads a little slower than loads;
-#: leftovers of a known count use plain moves where the ISA has them (``_pieces``).
+#: leftovers of a known count use plain moves where the ISA has them (``Isa.plain_moves``).
 FP_PIPES = 2
 #: In-register shuffles (vpermilps, vinsertf128, vextractf128) run on pipes of their
 #: own next to the FMA pipes (Zen 3: FP1 and FP2, one of them shared with FMAs;
@@ -104,7 +104,7 @@ def _expr_issue(e: k.Expr, acc: _Issue, isa: Isa, loop: str | None = None,
             return
         if e.count is None:
             acc.loads += 1.0
-        elif _pieces(isa, "load", e.dtype, e.lanes, e.count):
+        elif isa.plain_moves("load", e.dtype, e.lanes, k.const_value(e.count)):
             acc.loads += 1.0  # one narrower load
         else:
             acc.loads += MASKED_LOAD
@@ -162,14 +162,6 @@ def _expr_issue(e: k.Expr, acc: _Issue, isa: Isa, loop: str | None = None,
         _expr_issue(e.x, acc, isa, loop, joined)
 
 
-def _pieces(isa: Isa, kind: str, dtype: str, lanes: int,
-            count: k.Expr) -> tuple[int, ...] | None:
-    """The plain moves of a leftover vector of a known count (``Isa.plain_moves``)."""
-    if not isinstance(count, k.Const):
-        return None
-    return isa.plain_moves(kind, dtype, lanes, int(count.value))
-
-
 def _reduce_latency(e: k.Expr) -> int:
     """Extra latency of horizontal sums at the end of a chain."""
     if isinstance(e, k.Reduce):
@@ -211,7 +203,8 @@ def _cycles(body: tuple[k.Stmt, ...], isa: Isa,
         elif isinstance(s, k.Store):
             if s.count is None:
                 segment.stores += 1.0
-            elif pieces := _pieces(isa, "store", s.value.dtype, s.value.lanes, s.count):
+            elif pieces := isa.plain_moves("store", s.value.dtype, s.value.lanes,
+                                           k.const_value(s.count)):
                 segment.stores += len(pieces)  # the later ones shuffled down first
                 segment.shuffles += len(pieces) - 1
             else:

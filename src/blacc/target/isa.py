@@ -74,11 +74,14 @@ class Isa:
         return None if tail is None else (half, *tail)
 
     def plain_moves(self, kind: str, dtype: str, lanes: int,
-                    count: int) -> tuple[int, ...] | None:
+                    count: int | None) -> tuple[int, ...] | None:
         """``partial_pieces`` where they beat one masked move of ``kind`` ('load' or
         'store'): always for stores (an AVX2 masked store is microcoded on AMD cores,
         about 12 cycles), for loads only as one move (a masked load is one fast
-        instruction; joining pieces costs shuffles: 3 of 4 f32 measured 20% slower)."""
+        instruction; joining pieces costs shuffles: 3 of 4 f32 measured 20% slower).
+        None for a count not known when the code is generated (``count`` None)."""
+        if count is None:
+            return None
         pieces = self.partial_pieces(dtype, lanes, count)
         if pieces is None or kind == "store":
             return pieces

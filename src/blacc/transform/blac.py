@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from ..errors import ScheduleError
 from ..ir import indexed as ix
 from ..ir import kernel as k
-from ..ir.walk import names_used, rewrite, substitute
+from ..ir.walk import names_used, nodes_of, rewrite, substitute
 from ..runtime.signature import ARRAY, ArgSpec
 from ..target.isa import Isa
 from .sum_lanes import batch_row_sums
@@ -507,20 +507,9 @@ def _hoist_broadcasts(gen: _Gen, body: list[k.Stmt], var: k.Var, budget: int,
     body and the statements ``after`` it rewritten to use them — a narrower broadcast
     after it takes the low half), or None when there are more than ``budget``. C
     compilers do not hoist a broadcast-load intrinsic out of a loop that stores."""
-    written: set[str] = set()  # buffers stored to inside the loop
-    inside = {var.name}  # variables set inside it
-
-    def collect(stmts: tuple[k.Stmt, ...] | list[k.Stmt]) -> None:
-        for s in stmts:
-            if isinstance(s, k.Store):
-                written.add(s.buf)
-            elif isinstance(s, (k.Decl, k.Assign)):
-                inside.add(s.var.name)
-            elif isinstance(s, k.For):
-                inside.add(s.var.name)
-                collect(s.body)
-
-    collect(body)
+    written = {s.buf for s in nodes_of(tuple(body), k.Store)}  # buffers stored to inside
+    # the variables set inside the loop, its own included
+    inside = {var.name, *(s.var.name for s in nodes_of(tuple(body), (k.Decl, k.Assign, k.For)))}
     found: dict[k.Expr, k.Var] = {}
 
     def visit(x: object) -> object:

@@ -22,7 +22,7 @@ values read.
 from __future__ import annotations
 
 from ..ir import kernel as k
-from ..ir.walk import names_used, rewrite
+from ..ir.walk import names_used, nodes_of
 from ..target.isa import Isa
 
 
@@ -61,32 +61,9 @@ def _is_row(s: k.Stmt) -> bool:
     """A scalar store of a horizontal sum that reads its output, if at all, only at the
     element it writes (so reading a whole group's elements before storing them is safe)."""
     return (isinstance(s, k.Store) and s.count is None and s.value.lanes == 1
-            and _has_reduce(s.value)
-            and all(_offset(x.index, s.index) == 0 for x in _loads_of(s.value, s.buf)))
-
-
-def _loads_of(e: k.Expr, buf: str) -> list[k.Load]:
-    found: list[k.Load] = []
-
-    def visit(x: object) -> object:
-        if isinstance(x, k.Load) and x.buf == buf:
-            found.append(x)
-        return x
-
-    rewrite(e, visit)
-    return found
-
-
-def _has_reduce(e: k.Expr) -> bool:
-    found = False
-
-    def visit(x: object) -> object:
-        nonlocal found
-        found = found or isinstance(x, k.Reduce)
-        return x
-
-    rewrite(e, visit)
-    return found
+            and bool(nodes_of(s.value, k.Reduce))
+            and all(_offset(x.index, s.index) == 0
+                    for x in nodes_of(s.value, k.Load) if x.buf == s.buf))
 
 
 def _offset(index: k.Expr, base: k.Expr) -> int | None:
@@ -166,7 +143,7 @@ def _vector_stores(rows: list[k.Store], isa: Isa) -> list[list[k.Stmt]]:
 def _vectorize(values: list[k.Expr], n: int, isa: Isa) -> k.Expr | None:
     """One ``n``-lane expression whose lane r is ``values[r]``, or None."""
     first = values[0]
-    if all(v == first for v in values) and not _has_reduce(first):
+    if all(v == first for v in values) and not nodes_of(first, k.Reduce):
         return k.Broadcast(first, n)
     if all(isinstance(v, k.Reduce) for v in values):
         return _sum_lanes([v.x for v in values], n, isa)
