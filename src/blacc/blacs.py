@@ -7,7 +7,7 @@
     blacc.emit("y = A*x", output="matvec", A=blacc.Matrix(4, 4), x=..., y=...)
 
 The pipeline: parse -> type check (frontend) -> index notation with fusion
-(transform.index_notation) -> schedule choice (strategy.small) -> vectorized kernel
+(transform.index_notation) -> form and schedule choice (strategy.small) -> vectorized kernel
 IR (transform.blac) -> C (backend.c) -> a CPython extension (runtime.pycall) or a
 standalone .c/.h pair.
 """
@@ -30,10 +30,10 @@ from .ir import indexed as ix
 from .ir import kernel as k
 from .runtime.gemm import host_target
 from .runtime.signature import ArgSpec
-from .strategy.small import choose
+from .strategy.small import cheapest_form, choose
 from .target.isa import AVX2, GENERIC, Isa
 from .transform.blac import OpSchedule, build_module
-from .transform.index_notation import arg_specs, to_indexed
+from .transform.index_notation import arg_specs, forms
 
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
 TARGETS = {"host": None, "avx2": AVX2, "generic": GENERIC}
@@ -82,10 +82,10 @@ def plan(program: object, *, name: str = "blac_kernel", target: str | Isa | None
     if not _IDENT.fullmatch(name) or name.startswith(("blacc_", "__")):
         raise ArgumentError(f"kernel name {name!r} is not a valid C identifier for blacc")
     typed = _typed(program, operands)
-    indexed = to_indexed(typed)
     specs = arg_specs(typed)
     isa = _isa(target)
-    schedule = choose(indexed, specs, isa, search=search, measure=measure_with)
+    indexed, per_op = cheapest_form(forms(typed), specs, isa)
+    schedule = choose(indexed, specs, isa, search=search, measure=measure_with, per_op=per_op)
     module = build_module(indexed, specs, schedule, isa, name)
     return Plan(typed, indexed, specs, schedule, module, isa)
 
@@ -115,7 +115,8 @@ def _measurer(program: object, name: str, operands: Mapping[str, Decl]):
     from .runtime.pycall import FixedKernel
 
     typed = _typed(program, operands)
-    indexed, specs, isa = to_indexed(typed), arg_specs(typed), host_target().isa
+    specs, isa = arg_specs(typed), host_target().isa
+    indexed, _ = cheapest_form(forms(typed), specs, isa)
     rng = np.random.default_rng(0)
     dt = np.float32 if typed.dtype == "f32" else np.float64
     args = [rng.uniform(-1, 1, (s.rows, s.cols)).astype(dt) if s.kind == "array" else 0.5

@@ -178,7 +178,7 @@ class _Renderer:
                 lines += [f"{pad}}} else {{", *self.stmts(s.orelse, indent + 1)]
             return [*lines, f"{pad}}}"]
         if isinstance(s, k.Local):
-            return [f"{pad}{_SCALAR[s.dtype]} {s.buf}[{s.size}] = {{0}};"]
+            return [f"{pad}{_SCALAR[s.dtype]} {s.buf}[{s.size}];"]
         if isinstance(s, k.Alloc):
             # aligned_alloc needs a size that is a multiple of the alignment.
             t, a = _SCALAR[s.dtype], s.align

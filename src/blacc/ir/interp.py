@@ -155,11 +155,10 @@ def _execute(s: k.Stmt, env: _Env) -> None:
             execute(s.body, env)
     elif isinstance(s, k.If):
         execute(s.then if evaluate(s.cond, env) else s.orelse, env)
-    elif isinstance(s, k.Local):
-        v[s.buf] = np.zeros(s.size, dtype=numpy_dtype(s.dtype))
-    elif isinstance(s, k.Alloc):
+    elif isinstance(s, (k.Local, k.Alloc)):
         # NaN-filled so that reading scratch before writing it shows up in results.
-        v[s.buf] = np.full(int(evaluate(s.size, env)), np.nan, dtype=numpy_dtype(s.dtype))
+        size = s.size if isinstance(s, k.Local) else int(evaluate(s.size, env))
+        v[s.buf] = np.full(size, np.nan, dtype=numpy_dtype(s.dtype))
     elif isinstance(s, k.Call):
         func = env.module.function(s.func)
         args = {p.name: evaluate(a, env) for p, a in zip(func.params, s.args, strict=True)}

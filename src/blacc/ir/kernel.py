@@ -375,7 +375,8 @@ class Alloc(Stmt):
 
 @dataclass(frozen=True)
 class Local(Stmt):
-    """A small fixed-size array of the function (on the stack), zero-initialised."""
+    """A small fixed-size array of the function (on the stack), not initialised: its
+    writer fills it before anything reads it (zeroing it cost as much as computing it)."""
 
     buf: str
     dtype: str

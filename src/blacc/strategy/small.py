@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import itertools
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from ..errors import ScheduleError
@@ -299,15 +299,28 @@ def options(program: ix.Program, specs: tuple[ArgSpec, ...], isa: Isa,
     return result
 
 
+def cheapest_form(forms: Sequence[ix.Program], specs: tuple[ArgSpec, ...], isa: Isa
+                  ) -> tuple[ix.Program, list[list[tuple[float, OpSchedule]]]]:
+    """Of several index forms of one program (``index_notation.forms``), the one whose
+    best-modelled schedule costs least (the first on a tie), with its ``options``.
+    Operations run one after another, so a form costs the sum of its operations' best."""
+    modelled = [(f, options(f, specs, isa)) for f in forms]
+    return min(modelled, key=lambda fo: sum(opts[0][0] for opts in fo[1]))
+
+
 def choose(program: ix.Program, specs: tuple[ArgSpec, ...], isa: Isa, *, search: str = "model",
            measure: Callable[[tuple[OpSchedule, ...]], float] | None = None,
-           budget: int = 24, seed: int = 0) -> tuple[OpSchedule, ...]:
+           budget: int = 24, seed: int = 0,
+           per_op: list[list[tuple[float, OpSchedule]]] | None = None
+           ) -> tuple[OpSchedule, ...]:
     """The schedule to use. ``measure(schedule) -> seconds`` is required for the
     measuring searches; ``budget`` caps how many candidates they time (exhaustive takes
-    the best-modelled ones first)."""
+    the best-modelled ones first). ``per_op``: ``options(program, specs, isa)`` when
+    already computed."""
     if search not in SEARCHES:
         raise ScheduleError(f"search must be one of {', '.join(SEARCHES)}, not {search!r}")
-    per_op = options(program, specs, isa)
+    if per_op is None:
+        per_op = options(program, specs, isa)
     if search == "model":
         return tuple(opts[0][1] for opts in per_op)
     if measure is None:

@@ -9,7 +9,9 @@ products become sums over a fresh index (LGen's Table 2 rules in index form):
 so ``beta = (A*x + alpha*y)'*z + beta`` is one pass. A product's operand that itself
 contains a product is recomputed for every output element it meets; when that
 happens more than once (the other output dimension is longer than 1) it is
-computed once into a temporary instead — the only temporaries made.
+computed once into a temporary instead. An operand that adds or subtracts several
+arrays, ``(A0 + A1)'*B``, may be computed once too: ``forms`` gives both versions and
+the cost model picks one. Those are the only temporaries made.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ class _State:
     ops: list[ix.Op] = field(default_factory=list)
     temps: list[ix.Operand] = field(default_factory=list)
     counter: int = 0
+    combine_once: bool = False
 
     def fresh_index(self) -> str:
         self.counter += 1
@@ -75,12 +78,42 @@ def _extent(index: ix.IndexRef, extents: dict[str, int]) -> int:
 
 def _operand(e: t.TExpr, at: tuple[ix.IndexRef, ix.IndexRef], *, reuse: bool,
              extents: dict[str, int], st: _State) -> ix.Node:
-    if not (reuse and _has_product(e)):
-        return _lower(e, at, extents, st)
+    if reuse and _has_product(e):
+        return _temporary(e, at, st)
+    if reuse and st.combine_once and _arrays_read(e) > 1:
+        return _combined_once(e, at, extents, st)
+    return _lower(e, at, extents, st)
+
+
+def _temporary(e: t.TExpr, at: tuple[ix.IndexRef, ix.IndexRef], st: _State) -> ix.Node:
+    """``e`` computed once by an operation of its own; read at ``at``."""
     name = f"t{len(st.temps)}"
     st.temps.append(ix.Operand(name, e.rows, e.cols, temporary=True))
     st.ops.append(_op(name, e, st))
     return ix.Read(name, (at[0] if e.rows > 1 else 0, at[1] if e.cols > 1 else 0))
+
+
+def _arrays_read(e: t.TExpr) -> int:
+    return len({n.name for n in t.walk(e) if isinstance(n, t.TRef) and n.shape != (1, 1)})
+
+
+def _combined_once(e: t.TExpr, at: tuple[ix.IndexRef, ix.IndexRef],
+                   extents: dict[str, int], st: _State) -> ix.Node:
+    """A product operand that combines several arrays element-wise, ``alpha*(A0 + A1)'``:
+    the combination ``A0 + A1`` is computed once, in its own orientation (so that it
+    vectorizes along its rows), instead of once per output tile that meets it; the
+    transposes, signs and scalar factors around it stay in the product."""
+    if _arrays_read(e) <= 1:
+        return _lower(e, at, extents, st)
+    if isinstance(e, t.TTranspose):
+        return _combined_once(e.x, (at[1], at[0]), extents, st)
+    if isinstance(e, t.TNeg):
+        return ix.Neg(_combined_once(e.x, at, extents, st))
+    if isinstance(e, t.TMul) and e.op == "scale":
+        scalar, array = (e.a, e.b) if e.a.shape == (1, 1) else (e.b, e.a)
+        return ix.Mul(_lower(scalar, (0, 0), extents, st),
+                      _combined_once(array, at, extents, st))
+    return _temporary(e, at, st)
 
 
 def _op(target: str, e: t.TExpr, st: _State) -> ix.Op:
@@ -176,9 +209,20 @@ def name_sums_by_depth(n: ix.Node) -> ix.Node:
     return _depth_names(_unique_sums(n, fresh), 0)
 
 
-def to_indexed(program: t.TypedProgram) -> ix.Program:
-    """The program in index notation, one operation per statement plus temporaries."""
-    st = _State()
+def forms(program: t.TypedProgram) -> tuple[ix.Program, ...]:
+    """The ways to write ``program`` in index notation, fully fused first; the second,
+    when there is one, computes each product operand that combines several arrays
+    element-wise once into a temporary (see ``_combined_once``). Which is faster depends
+    on the shapes: the cost model decides."""
+    fused = to_indexed(program)
+    once = to_indexed(program, combine_once=True)
+    return (fused,) if once == fused else (fused, once)
+
+
+def to_indexed(program: t.TypedProgram, *, combine_once: bool = False) -> ix.Program:
+    """The program in index notation, one operation per statement plus temporaries
+    (``combine_once``: see ``forms``)."""
+    st = _State(combine_once=combine_once)
     for stmt in program.statements:
         op = _op(stmt.target, stmt.expr, st)
         st.ops.append(op)

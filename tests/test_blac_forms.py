@@ -1,0 +1,189 @@
+"""Index forms of one program: fully fused, or with a product operand that combines
+several arrays element-wise (``(A0 + A1)'*B``) computed once into a temporary
+(``index_notation.forms``), and the cost model's choice between them.
+
+* which programs have the second form, and what its temporary is (the combination in
+  its own orientation, scalings and transposes left in the product);
+* every form, under the planned schedule of each operation and under every candidate
+  schedule of the temporary's operation, against the float64 reference in the
+  interpreter (temporaries are NaN-filled there: a read before the write would show);
+* every form compiled (``-Wall -Wextra -Werror``) and called on operands against guard
+  pages with sentinel padding;
+* the planner takes the form with the lower modelled cost.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+import blacc
+from blacc.blacs import _typed, plan
+from blacc.errors import ScheduleError
+from blacc.ir import indexed as ix
+from blacc.strategy.small import cheapest_form, choose, options
+from blacc.target.isa import AVX2
+from blacc.transform.blac import build_module, candidates
+from blacc.transform.index_notation import arg_specs, forms
+from guard import run_isolated
+from test_blac_leftovers import _call, _padding_untouched
+from test_blac_pairs import _c_function, needs_native
+from test_blac_programs import assert_matches, make_values, run_interp, seed_of
+
+M, V, S = blacc.Matrix, blacc.Vector, blacc.Scalar
+
+# name -> (source, declarations from (m, n, k) and the dtype)
+PROGRAMS = {
+    "gemam": ("C = alpha*(A0 + A1)'*B + beta*C",
+              lambda m, n, k, dt: dict(alpha=S(dt), A0=M(k, m, dt), A1=M(k, m, dt),
+                                       B=M(k, n, dt), beta=S(dt), C=M(m, n, dt))),
+    "both_sides": ("C = (A - 2*A1)*(B0 + B1)' + C",
+                   lambda m, n, k, dt: dict(A=M(m, k, dt), A1=M(m, k, dt), B0=M(n, k, dt),
+                                            B1=M(n, k, dt), C=M(m, n, dt))),
+    "negated": ("C = -(A0 + beta*A1)'*B'",
+                lambda m, n, k, dt: dict(beta=S(dt), A0=M(k, m, dt), A1=M(k, m, dt),
+                                         B=M(n, k, dt), C=M(m, n, dt))),
+    "in_a_chain": ("D = (A0 + A1)*B*E",
+                   lambda m, n, k, dt: dict(A0=M(m, k, dt), A1=M(m, k, dt), B=M(k, n, dt),
+                                            E=M(n, 3, dt), D=M(m, 3, dt))),
+}
+
+SHAPES = [(1, 1, 1), (1, 5, 3), (4, 4, 4), (5, 3, 1), (7, 9, 2), (6, 17, 4)]
+COMPILED_SHAPES = [(4, 4, 4), (7, 9, 2), (13, 6, 5)]
+
+
+def _forms(name: str, m: int, n: int, k: int, dtype: str):
+    source, decls_of = PROGRAMS[name]
+    decls = decls_of(m, n, k, dtype)
+    typed = _typed(source, decls)
+    return decls, typed, arg_specs(typed), forms(typed)
+
+
+def _temporaries(program: ix.Program) -> list[ix.Operand]:
+    return [o for o in program.operands if o.temporary]
+
+
+def _reads(n: ix.Node) -> list[ix.Read]:
+    if isinstance(n, ix.Read):
+        return [n]
+    if isinstance(n, ix.Neg):
+        return _reads(n.x)
+    if isinstance(n, ix.Sum):
+        return _reads(n.body)
+    if isinstance(n, (ix.Add, ix.Mul)):
+        return _reads(n.a) + _reads(n.b)
+    return []
+
+
+# ----------------------------------------------------------------------------- the forms
+
+
+def test_the_combination_is_computed_in_its_own_orientation():
+    _, _, _, (fused, once) = _forms("gemam", 6, 5, 3, "f64")
+    assert not _temporaries(fused)
+    (t,) = _temporaries(once)
+    assert (t.rows, t.cols) == (3, 6), "A0 + A1 is 3 x 6; its transpose is read"
+    make, use = once.ops
+    assert make.out == t.name
+    assert {r.operand for r in _reads(make.body)} == {"A0", "A1"}, \
+        "alpha stays in the product: the temporary holds A0 + A1 only"
+    (read,) = [r for r in _reads(use.body) if r.operand == t.name]
+    assert read.index[1] == "i", "the product reads the temporary transposed"
+
+
+@pytest.mark.parametrize(("source", "decls", "count"), [
+    ("C = A*B", dict(A=M(4, 3), B=M(3, 5), C=M(4, 5)), 1),
+    ("y = (A0 + A1)*x", dict(A0=M(4, 3), A1=M(4, 3), x=V(3), y=V(4)), 1),  # met once
+    ("C = (A + A)*B", dict(A=M(4, 3), B=M(3, 5), C=M(4, 5)), 1),  # one array
+    ("C = (A0 + A1)*B", dict(A0=M(4, 3), A1=M(4, 3), B=M(3, 5), C=M(4, 5)), 2),
+    ("C = A*(B0 - B1)", dict(A=M(4, 3), B0=M(3, 5), B1=M(3, 5), C=M(4, 5)), 2),
+    ("C = x*(y0 + y1)'", dict(x=V(4), y0=V(5), y1=V(5), C=M(4, 5)), 2),
+])
+def test_which_programs_have_a_second_form(source, decls, count):
+    assert len(forms(_typed(source, decls))) == count
+
+
+# ----------------------------------------------------------------------------- every form
+
+
+def _schedules(program: ix.Program, specs, isa):
+    """The planned schedule of ``program``, then every candidate of each temporary's
+    operation with the other operations at their planned schedules."""
+    planned = choose(program, specs, isa)
+    yield planned
+    temps = {t.name for t in _temporaries(program)}
+    for i, op in enumerate(program.ops):
+        if op.out in temps:
+            for sched in candidates(program, op, isa):
+                yield (*planned[:i], sched, *planned[i + 1:])
+
+
+@pytest.mark.parametrize("dtype", ["f32", "f64"])
+@pytest.mark.parametrize("name", list(PROGRAMS))
+def test_every_form_interpreted(name, dtype):
+    for m, n, k in SHAPES:
+        decls, typed, specs, all_forms = _forms(name, m, n, k, dtype)
+        if m > 1 and n > 1:
+            assert len(all_forms) == 2
+        values = make_values(decls, dtype, np.random.default_rng(seed_of(name, m, n, k)))
+        for form in all_forms:
+            for schedule in _schedules(form, specs, AVX2):
+                try:
+                    module = build_module(form, specs, schedule, AVX2, "f")
+                except ScheduleError:
+                    continue
+                got = run_interp(module, specs, typed, values)
+                assert_matches(typed, values, got, f"{name} {m}x{n}x{k} {dtype} {schedule}")
+
+
+@needs_native
+@pytest.mark.parametrize("dtype", ["f32", "f64"])
+@pytest.mark.parametrize("name", list(PROGRAMS))
+def test_every_form_compiled_against_guard_pages(tmp_path, name, dtype):
+    cases = []
+    for m, n, k in COMPILED_SHAPES:
+        decls, typed, specs, all_forms = _forms(name, m, n, k, dtype)
+        operands = SimpleNamespace(typed=typed, specs=specs)
+        values = make_values(decls, dtype, np.random.default_rng(seed_of(name, m, n, k)))
+        for form in all_forms:
+            module = build_module(form, specs, choose(form, specs, AVX2), AVX2, "f")
+            cases.append((f"{name} {m}x{n}x{k} {dtype}", _c_function(tmp_path, module),
+                          operands, values))
+
+    def body() -> None:
+        for where, fn, p, values in cases:
+            for side in ("after", "before"):
+                got, arrays = _call(fn, p, values, side)
+                assert_matches(p.typed, values, got, f"{where} {side}")
+                for a in arrays.values():
+                    assert _padding_untouched(a), where
+
+    run_isolated(body)
+
+
+# ----------------------------------------------------------------------------- the choice
+
+
+def _cost(program: ix.Program, specs) -> float:
+    return sum(opts[0][0] for opts in options(program, specs, AVX2))
+
+
+@pytest.mark.parametrize(("name", "shape"), [("gemam", (48, 4, 4)), ("gemam", (4, 4, 100)),
+                                             ("gemam", (2, 2, 2)), ("both_sides", (9, 9, 9))])
+def test_planner_takes_the_cheaper_form(name, shape):
+    decls, _, specs, all_forms = _forms(name, *shape, "f32")
+    chosen, per_op = cheapest_form(all_forms, specs, AVX2)
+    assert chosen in all_forms
+    assert _cost(chosen, specs) == min(_cost(f, specs) for f in all_forms)
+    assert per_op == options(chosen, specs, AVX2)
+    assert plan(PROGRAMS[name][0], target="avx2", **decls).indexed == chosen
+
+
+def test_gemam_panel_computes_the_sum_once():
+    """C = alpha*(A0 + A1)'*B + beta*C with (A0 + A1)' 48 x 4: fused, every row's four
+    sums are two broadcasts and an add each; computed once, the sum is 24 vector adds."""
+    decls, _, _, _ = _forms("gemam", 48, 4, 4, "f32")
+    p = plan(PROGRAMS["gemam"][0], target="avx2", **decls)
+    assert len(_temporaries(p.indexed)) == 1
