@@ -23,7 +23,7 @@ from blacc.ir import kernel as k
 from blacc.ir.walk import nodes_of
 from blacc.target.isa import AVX2
 from blacc.transform.blac import build_module, candidates
-from blacc.transform.sum_lanes import batch_row_sums
+from blacc.transform.sum_lanes import batch_row_sums, one_sum
 from guard import run_isolated
 from test_blac_leftovers import _call, _padding_untouched
 from test_blac_pairs import _c_function, needs_native
@@ -218,3 +218,72 @@ def test_planner_stores_rows_of_matrix_vector_products_at_once():
         a = np.arange(64, dtype=NP[dt]).reshape(16, 4) / 7
         x = np.array([1, -2, 3, 0.5], NP[dt])
         np.testing.assert_allclose(y(A=a, x=x).ravel(), a @ x, rtol=1e-5)
+
+
+# ----------------------------------------------------------------------------- one sum
+
+
+def _vec(name: str, lanes: int = 4) -> k.Var:
+    return k.Var(name, "f32", lanes)
+
+
+def _sc(name: str) -> k.Var:
+    return k.Var(name, "f32")
+
+
+HS = k.Reduce
+MERGED = {
+    "fma": k.Fma(_sc("beta"), HS(_vec("b")), k.Bin("*", _sc("alpha"), HS(_vec("a")))),
+    "plain": k.Bin("+", HS(_vec("a")), HS(_vec("b"))),
+    "scaled left": k.Bin("+", k.Bin("*", HS(_vec("a")), _sc("alpha")), HS(_vec("b"))),
+    "scaled both": k.Bin("+", k.Bin("*", _sc("alpha"), HS(_vec("a"))),
+                         k.Bin("*", HS(_vec("b")), _sc("beta"))),
+    "three": k.Bin("+", k.Bin("+", HS(_vec("a")), HS(_vec("b"))),
+                   k.Bin("*", _sc("beta"), HS(_vec("c")))),
+}
+KEPT = {
+    "widths differ": k.Bin("+", HS(_vec("a")), HS(_vec("w", 8))),
+    "scale is a sum": k.Bin("+", k.Bin("*", HS(_vec("c")), HS(_vec("a"))), HS(_vec("b"))),
+    "fma of sums": k.Fma(HS(_vec("c")), HS(_vec("b")), HS(_vec("a"))),
+    "one sum": k.Bin("+", HS(_vec("a")), _sc("beta")),
+    "two lanes": k.Bin("+", HS(_vec("a", 2)), HS(_vec("b", 2))),
+}
+
+
+def _evaluate(e: k.Expr) -> float:
+    """``e`` run by the interpreter with a, b, c (4 lanes), w (8) and scalars set."""
+    rng = np.random.default_rng(7)
+    x = rng.uniform(-1, 1, 20).astype(np.float32)
+    body = [k.Decl(_vec(n), k.Load("x", k.Const(4 * i), "f32", 4))
+            for i, n in enumerate("abc")]
+    body += [k.Decl(_vec("w", 8), k.Load("x", k.Const(12), "f32", 8)),
+             k.Decl(_sc("alpha"), k.Const(0.75, "f32")),
+             k.Decl(_sc("beta"), k.Const(-1.5, "f32")),
+             k.Store("out", k.Const(0), e)]
+    params = (k.Param("x", "f32", pointer=True, const=True), k.Param("out", "f32", pointer=True))
+    out = np.zeros(1, np.float32)
+    interp.run(k.Module((k.Function("f", params, tuple(body), exported=True),), "f"),
+               {"x": x, "out": out})
+    return float(out[0])
+
+
+@pytest.mark.parametrize("name", list(MERGED))
+def test_one_sum_adds_before_the_horizontal_sum(name):
+    e = MERGED[name]
+    merged = one_sum(e)
+    assert len(nodes_of(merged, k.Reduce)) == 1, merged
+    assert _evaluate(merged) == pytest.approx(_evaluate(e), rel=1e-5)
+
+
+@pytest.mark.parametrize("name", list(KEPT))
+def test_one_sum_leaves_what_is_not_a_sum_of_sums(name):
+    assert one_sum(KEPT[name]) == KEPT[name]
+
+
+@pytest.mark.parametrize("dtype", ["f32", "f64"])
+def test_planner_sums_each_gesummv_row_once(dtype):
+    """y = alpha*A*x + beta*B*x, 16 x 4: one transpose-and-add per four rows, not two."""
+    decls = PROGRAMS[2][1](16, 4, dtype)
+    p = plan(PROGRAMS[2][0], target="avx2", **decls)
+    module = build_module(p.indexed, p.specs, p.schedule, AVX2, "pk")
+    assert len(nodes_of(module, k.SumLanes)) == len(nodes_of(module, k.Store)) == 16 // 4

@@ -17,6 +17,10 @@ shuffles). Wider accumulators are first halved (their two halves added). The vec
 statement takes the place of the group's last store; the stores before it are dropped,
 which is safe because nothing between them touches the output or reassigns what their
 values read.
+
+Before grouping, a row that adds several horizontal sums of one width gets one
+(``one_sum``): ``y = alpha*A*x + beta*B*x`` ends every row in
+``alpha*hsum(a) + beta*hsum(b)``, which becomes ``hsum(alpha*a + beta*b)``.
 """
 
 from __future__ import annotations
@@ -49,7 +53,50 @@ def batch_row_sums(body: tuple[k.Stmt, ...], isa: Isa) -> tuple[k.Stmt, ...]:
     return tuple(out)
 
 
+def _scaled_sum(e: k.Expr) -> tuple[k.Expr | None, k.Expr] | None:
+    """``hsum(v)`` -> (None, v); ``s * hsum(v)`` with a scalar ``s`` -> (s, v). Only for
+    ``v`` of 4 lanes or more: the sum of 2 lanes is one shuffle and one add, no more
+    than scaling and adding the vectors first."""
+    if isinstance(e, k.Reduce) and e.x.lanes >= 4:
+        return None, e.x
+    if isinstance(e, k.Bin) and e.op == "*":
+        for s, r in ((e.a, e.b), (e.b, e.a)):
+            if (isinstance(r, k.Reduce) and r.x.lanes >= 4 and s.lanes == 1
+                    and not nodes_of(s, k.Reduce)):
+                return s, r.x
+    return None
+
+
+def _scaled(scale: k.Expr | None, v: k.Expr) -> k.Expr:
+    return v if scale is None else k.Bin("*", k.Broadcast(scale, v.lanes), v)
+
+
+def one_sum(e: k.Expr) -> k.Expr:
+    """Horizontal sums of vectors of one width added together, scaled or not, as one:
+    ``alpha*hsum(a) + beta*hsum(b)`` -> ``hsum(alpha*a + beta*b)`` (the sum is linear;
+    a vector multiply and add instead of a second tree of shuffles and adds). A scale
+    that is itself a horizontal sum is not linear in the other and is left alone."""
+    if isinstance(e, k.Fma) and e.a.lanes == 1:
+        c = one_sum(e.c)
+        b, cs = _scaled_sum(e.b), _scaled_sum(c)
+        if (isinstance(e.b, k.Reduce) and cs is not None and b is not None
+                and b[1].lanes == cs[1].lanes and not nodes_of(e.a, k.Reduce)):
+            return k.Reduce(k.Fma(k.Broadcast(e.a, b[1].lanes), b[1], _scaled(*cs)))
+        return k.Fma(e.a, e.b, c)
+    if isinstance(e, k.Bin) and e.op == "+":
+        a, b = one_sum(e.a), one_sum(e.b)
+        sa, sb = _scaled_sum(a), _scaled_sum(b)
+        if sa is not None and sb is not None and sa[1].lanes == sb[1].lanes:
+            if sa[0] is not None:
+                return k.Reduce(k.Fma(k.Broadcast(sa[0], sa[1].lanes), sa[1], _scaled(*sb)))
+            return k.Reduce(k.Bin("+", sa[1], _scaled(*sb)))
+        return k.Bin("+", a, b)
+    return e
+
+
 def _inside(s: k.Stmt, isa: Isa) -> k.Stmt:
+    if isinstance(s, k.Store) and s.count is None and s.value.lanes == 1:
+        return k.Store(s.buf, s.index, one_sum(s.value), s.count)
     if isinstance(s, k.For):
         return k.For(s.var, s.start, s.stop, s.step, batch_row_sums(s.body, isa))
     if isinstance(s, k.If):
