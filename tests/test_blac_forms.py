@@ -187,3 +187,21 @@ def test_gemam_panel_computes_the_sum_once():
     decls, _, _, _ = _forms("gemam", 48, 4, 4, "f32")
     p = plan(PROGRAMS["gemam"][0], target="avx2", **decls)
     assert len(_temporaries(p.indexed)) == 1
+
+
+@pytest.mark.parametrize("dtype", ["f32", "f64"])
+def test_temporaries_avoid_declared_names(dtype):
+    """Operands called t0 and t1: the temporaries (a combination, a product) take
+    other names."""
+    source = "C = (t0 + A1)'*B; D = t1'*B*B'*B"
+    decls = dict(t0=M(3, 5, dtype), A1=M(3, 5, dtype), B=M(3, 4, dtype), C=M(5, 4, dtype),
+                 t1=M(3, 5, dtype), D=M(5, 4, dtype))
+    typed = _typed(source, decls)
+    specs = arg_specs(typed)
+    values = make_values(decls, dtype, np.random.default_rng(5))
+    for form in forms(typed):
+        names = [o.name for o in form.operands]
+        assert len(names) == len(set(names)), names
+        assert len(_temporaries(form)) >= 1
+        module = build_module(form, specs, choose(form, specs, AVX2), AVX2, "f")
+        assert_matches(typed, values, run_interp(module, specs, typed, values), str(names))

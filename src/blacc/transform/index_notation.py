@@ -31,10 +31,16 @@ class _State:
     temps: list[ix.Operand] = field(default_factory=list)
     counter: int = 0
     combine_once: bool = False
+    declared: frozenset[str] = frozenset()
 
     def fresh_index(self) -> str:
         self.counter += 1
         return f"k{self.counter}"
+
+    def fresh_temporary(self) -> str:
+        """t0, t1, ...: the first not declared by the program nor taken already."""
+        taken = self.declared | {o.name for o in self.temps}
+        return next(n for n in (f"t{i}" for i in itertools.count()) if n not in taken)
 
 
 def _has_product(e: t.TExpr) -> bool:
@@ -87,7 +93,7 @@ def _operand(e: t.TExpr, at: tuple[ix.IndexRef, ix.IndexRef], *, reuse: bool,
 
 def _temporary(e: t.TExpr, at: tuple[ix.IndexRef, ix.IndexRef], st: _State) -> ix.Node:
     """``e`` computed once by an operation of its own; read at ``at``."""
-    name = f"t{len(st.temps)}"
+    name = st.fresh_temporary()
     st.temps.append(ix.Operand(name, e.rows, e.cols, temporary=True))
     st.ops.append(_op(name, e, st))
     return ix.Read(name, (at[0] if e.rows > 1 else 0, at[1] if e.cols > 1 else 0))
@@ -222,7 +228,7 @@ def forms(program: t.TypedProgram) -> tuple[ix.Program, ...]:
 def to_indexed(program: t.TypedProgram, *, combine_once: bool = False) -> ix.Program:
     """The program in index notation, one operation per statement plus temporaries
     (``combine_once``: see ``forms``)."""
-    st = _State(combine_once=combine_once)
+    st = _State(combine_once=combine_once, declared=frozenset(program.decls))
     for stmt in program.statements:
         op = _op(stmt.target, stmt.expr, st)
         st.ops.append(op)
