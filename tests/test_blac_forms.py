@@ -24,7 +24,7 @@ from blacc.blacs import _typed, plan
 from blacc.errors import ScheduleError
 from blacc.ir import indexed as ix
 from blacc.strategy.small import cheapest_form, choose, options
-from blacc.target.isa import AVX2
+from blacc.target.isa import AVX2, GENERIC
 from blacc.transform.blac import build_module, candidates
 from blacc.transform.index_notation import arg_specs, forms
 from guard import run_isolated
@@ -65,18 +65,6 @@ def _temporaries(program: ix.Program) -> list[ix.Operand]:
     return [o for o in program.operands if o.temporary]
 
 
-def _reads(n: ix.Node) -> list[ix.Read]:
-    if isinstance(n, ix.Read):
-        return [n]
-    if isinstance(n, ix.Neg):
-        return _reads(n.x)
-    if isinstance(n, ix.Sum):
-        return _reads(n.body)
-    if isinstance(n, (ix.Add, ix.Mul)):
-        return _reads(n.a) + _reads(n.b)
-    return []
-
-
 # ----------------------------------------------------------------------------- the forms
 
 
@@ -87,9 +75,9 @@ def test_the_combination_is_computed_in_its_own_orientation():
     assert (t.rows, t.cols) == (3, 6), "A0 + A1 is 3 x 6; its transpose is read"
     make, use = once.ops
     assert make.out == t.name
-    assert {r.operand for r in _reads(make.body)} == {"A0", "A1"}, \
+    assert {r.operand for r in ix.reads(make.body)} == {"A0", "A1"}, \
         "alpha stays in the product: the temporary holds A0 + A1 only"
-    (read,) = [r for r in _reads(use.body) if r.operand == t.name]
+    (read,) = [r for r in ix.reads(use.body) if r.operand == t.name]
     assert read.index[1] == "i", "the product reads the temporary transposed"
 
 
@@ -205,3 +193,19 @@ def test_temporaries_avoid_declared_names(dtype):
         assert len(_temporaries(form)) >= 1
         module = build_module(form, specs, choose(form, specs, AVX2), AVX2, "f")
         assert_matches(typed, values, run_interp(module, specs, typed, values), str(names))
+
+
+@needs_native
+def test_measuring_search_for_another_target_times_the_planned_form(tmp_path):
+    """emit(target='generic', search='exhaustive') on a machine with AVX2: the two
+    targets' models prefer different forms (one operation or two); the candidates timed
+    must be schedules of the form planned for the target."""
+    decls = dict(alpha=S(), A0=M(4, 48), A1=M(4, 48), B=M(4, 4), beta=S(), C=M(48, 4))
+    source = PROGRAMS["gemam"][0]
+    typed = _typed(source, decls)
+    specs = arg_specs(typed)
+    generic, _ = cheapest_form(forms(typed), specs, GENERIC)
+    assert len(generic.ops) != len(cheapest_form(forms(typed), specs, AVX2)[0].ops)
+    c_path, _ = blacc.emit(source, output=tmp_path / "g", target="generic",
+                           search="exhaustive", **decls)
+    assert "immintrin" not in c_path.read_text()

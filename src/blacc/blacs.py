@@ -110,13 +110,16 @@ def compile(program: object, *, search: str = "model", name: str = "blac_kernel"
     return FixedKernel.build(chosen.source, name, chosen.specs, flags=chosen.isa.flags)
 
 
-def _measurer(program: object, name: str, operands: Mapping[str, Decl]):
-    """Time a candidate schedule: compile it and call it on random operands."""
+def _measurer(program: object, name: str, operands: Mapping[str, Decl],
+              target: str | Isa | None = None):
+    """Time a candidate schedule: compile it for this machine and call it on random
+    operands. The index form is the one ``plan`` chooses for ``target``, so the
+    schedules it is given fit it."""
     from .runtime.pycall import FixedKernel
 
     typed = _typed(program, operands)
     specs, isa = arg_specs(typed), host_target().isa
-    indexed, _ = cheapest_form(forms(typed), specs, isa)
+    indexed, _ = cheapest_form(forms(typed), specs, _isa(target))
     rng = np.random.default_rng(0)
     dt = np.float32 if typed.dtype == "f32" else np.float64
     args = [rng.uniform(-1, 1, (s.rows, s.cols)).astype(dt) if s.kind == "array" else 0.5
@@ -144,7 +147,7 @@ def emit(program: object, output: str | Path, *, name: str | None = None,
     intrinsics), 'avx2', or 'generic' (plain C99 for any compiler)."""
     out = Path(output)
     fname = name or re.sub(r"\W", "_", out.stem)
-    measure = _measurer(program, fname, operands) if search != "model" else None
+    measure = _measurer(program, fname, operands, target) if search != "model" else None
     p = plan(program, name=fname, target=target, search=search, measure_with=measure,
              **operands)
     header, source = standalone_c(p)

@@ -71,26 +71,28 @@ def _scaled(scale: k.Expr | None, v: k.Expr) -> k.Expr:
     return v if scale is None else k.Bin("*", k.Broadcast(scale, v.lanes), v)
 
 
+def _joined(x: k.Expr, y: k.Expr) -> k.Expr | None:
+    """``x + y`` as one horizontal sum when both are (scaled) sums of one width."""
+    sx, sy = _scaled_sum(x), _scaled_sum(y)
+    if sx is None or sy is None or sx[1].lanes != sy[1].lanes:
+        return None
+    scale, v = sx
+    if scale is None:
+        return k.Reduce(k.Bin("+", v, _scaled(*sy)))
+    return k.Reduce(k.Fma(k.Broadcast(scale, v.lanes), v, _scaled(*sy)))
+
+
 def one_sum(e: k.Expr) -> k.Expr:
     """Horizontal sums of vectors of one width added together, scaled or not, as one:
     ``alpha*hsum(a) + beta*hsum(b)`` -> ``hsum(alpha*a + beta*b)`` (the sum is linear;
     a vector multiply and add instead of a second tree of shuffles and adds). A scale
     that is itself a horizontal sum is not linear in the other and is left alone."""
-    if isinstance(e, k.Fma) and e.a.lanes == 1:
+    if isinstance(e, k.Fma) and e.a.lanes == 1:  # a scalar fma(a, b, c) is a*b + c
         c = one_sum(e.c)
-        b, cs = _scaled_sum(e.b), _scaled_sum(c)
-        if (isinstance(e.b, k.Reduce) and cs is not None and b is not None
-                and b[1].lanes == cs[1].lanes and not nodes_of(e.a, k.Reduce)):
-            return k.Reduce(k.Fma(k.Broadcast(e.a, b[1].lanes), b[1], _scaled(*cs)))
-        return k.Fma(e.a, e.b, c)
+        return _joined(k.Bin("*", e.a, e.b), c) or k.Fma(e.a, e.b, c)
     if isinstance(e, k.Bin) and e.op == "+":
         a, b = one_sum(e.a), one_sum(e.b)
-        sa, sb = _scaled_sum(a), _scaled_sum(b)
-        if sa is not None and sb is not None and sa[1].lanes == sb[1].lanes:
-            if sa[0] is not None:
-                return k.Reduce(k.Fma(k.Broadcast(sa[0], sa[1].lanes), sa[1], _scaled(*sb)))
-            return k.Reduce(k.Bin("+", sa[1], _scaled(*sb)))
-        return k.Bin("+", a, b)
+        return _joined(a, b) or k.Bin("+", a, b)
     return e
 
 
