@@ -7,7 +7,8 @@ single thread, medians of samples of at least 50 ms (blacc.bench.timing):
         --cand mc=144,kc=256 --cand mc=96,kc=256,pfa=16,pfb=8
 
 Keys of a candidate: mc, kc, nc, mr, nr, ku, pfa, pfb (prefetch distances of A and B in k
-steps; 0 = none); unspecified keys take the machine model's values.
+steps; 0 = none), bal (1: k blocks of equal length, the default; 0: kc-long blocks and a
+shorter last one); unspecified keys take the machine model's values.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ def candidate_plan(text: str, dtype: str, shape: tuple[int, int, int]) -> Plan:
     base = dict(choose(*shape, dtype, machine=tgt.machine, isa=tgt.isa, b_unit_cols=True).params)
     mr, nr, lanes = register_tile(dtype, tgt.isa)
     values = {"mc": base.get("mc", 144), "kc": base.get("kc", 256),
-              "nc": base.get("nc", 4080), "ku": 4, "pfa": 0, "pfb": 0, "mr": mr, "nr": nr}
+              "nc": base.get("nc", 4080), "ku": 4, "pfa": 0, "pfb": 0, "mr": mr, "nr": nr, "bal": 1}
     for item in filter(None, text.split(",")):
         key, _, value = item.partition("=")
         if key not in values:
@@ -35,7 +36,7 @@ def candidate_plan(text: str, dtype: str, shape: tuple[int, int, int]) -> Plan:
         values[key] = int(value)
     v = values
     schedule = blis(v["mc"], v["kc"], v["nc"], v["mr"], v["nr"], v["ku"], lanes,
-                    prefetch_a=v["pfa"], prefetch_b=v["pfb"])
+                    prefetch_a=v["pfa"], prefetch_b=v["pfb"], balanced=bool(v["bal"]))
     params = tuple(sorted(v.items()))
     return Plan("blis", params, schedule, (("C_s1", 1),))
 

@@ -359,3 +359,47 @@ def test_scalar_lowering_is_the_same_for_both_isas():
     """Without Vectorize the ISA table is not consulted: AVX2 and GENERIC lower alike."""
     scheduled = _module("blis-f64-scalar", "schedule")
     assert lower(scheduled, AVX2)[0] == lower(scheduled, GENERIC)[0]
+
+
+# ----------------------------------------------------------------------------- balanced k blocks
+
+
+def _k_blocks(schedule, k_: int, monkeypatch) -> list[int]:
+    """The k length of every packed B panel when ``schedule`` runs with this k."""
+    from blacc.ir import interp
+
+    seen: list[int] = []
+    real = interp._pack
+
+    def spy(s, env):
+        if s.dst == "Bp":
+            seen.append(int(interp.evaluate(s.cols, env)))
+        real(s, env)
+
+    monkeypatch.setattr(interp, "_pack", spy)
+    module = apply(matmul("f64"), schedule, name="gemm", known_strides={"C_s1": 1})
+    m, n = 3, 5
+    rng = np.random.default_rng(k_)
+    a, b = rng.uniform(-1, 1, (m, k_)), rng.uniform(-1, 1, (k_, n))
+    c = np.zeros(m * n)
+    run(module, dict(m=m, n=n, k=k_, alpha=1.0, A=a.ravel(), A_s0=k_, A_s1=1, B=b.ravel(),
+                     B_s0=n, B_s1=1, beta=0.0, C=c, C_s0=n, C_s1=1))
+    np.testing.assert_allclose(c.reshape(m, n), a @ b, rtol=1e-12, atol=1e-12)
+    return seen
+
+
+@pytest.mark.parametrize("k_, blocks", [
+    (1, [1]), (8, [8]), (9, [5, 4]), (17, [6, 6, 5]), (24, [8, 8, 8]), (25, [7, 7, 7, 4]),
+])
+def test_balanced_k_blocks_are_even_and_no_longer_than_kc(k_, blocks, monkeypatch):
+    assert _k_blocks(blis(6, 8, 16, 6, 8, 4, 4), k_, monkeypatch) == blocks
+
+
+def test_unbalanced_k_tile_leaves_the_remainder_last(monkeypatch):
+    schedule = (Tile((("k", 8),)), Pack("B", 8), Pack("A", 6), Tile((("j", 8), ("i", 6))),
+                Vectorize("j", 4))
+    assert _k_blocks(schedule, 17, monkeypatch) == [8, 8, 1]
+
+
+def test_balanced_k_with_k_zero_runs_no_block(monkeypatch):
+    assert _k_blocks(blis(6, 8, 16, 6, 8, 4, 4), 0, monkeypatch) == []

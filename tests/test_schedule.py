@@ -73,8 +73,8 @@ def test_records_are_frozen_hashable_values():
 
 def test_blis_and_no_packing_shapes():
     s = blis(12, 8, 32, 6, 16, 4, 8)
-    assert s == (Tile((("j", 32),)), Tile((("k", 8),)), Pack("B", 16), Tile((("i", 12),)),
-                 Pack("A", 6), Tile((("j", 16), ("i", 6))), UnrollJam("k", 4),
+    assert s == (Tile((("j", 32),)), Tile((("k", 8),), balanced=True), Pack("B", 16),
+                 Tile((("i", 12),)), Pack("A", 6), Tile((("j", 16), ("i", 6))), UnrollJam("k", 4),
                  Vectorize("j", 8))
     assert blis(12, 8, 32, 4, 4, 4)[-1] == UnrollJam("k", 4)  # lanes=1: no Vectorize
     assert no_packing(6, 16, 4, 8) == (Tile((("i", 6), ("j", 16))), UnrollJam("k", 4),

@@ -441,8 +441,11 @@ int kernel(int64_t m, int64_t n, int64_t k, double alpha, const double *restrict
     if (!Ap) goto out_of_memory;
     for (int64_t j0 = 0; j0 < n; j0 += 32) {
         int64_t j0_len = (32 < (n - j0) ? 32 : (n - j0));
-        for (int64_t k1 = 0; k1 < k; k1 += 8) {
-            int64_t k1_len = (8 < (k - k1) ? 8 : (k - k1));
+        int64_t k1_count = ((k + 7) / 8);
+        int64_t k1_step = ((k + (k1_count - 1)) / (k1_count > 1 ? k1_count : 1));
+        for (int64_t k1_i = 0; k1_i < k1_count; k1_i += 1) {
+            int64_t k1 = (k1_i * k1_step);
+            int64_t k1_len = (k1_step < (k - k1) ? k1_step : (k - k1));
             pack_f64_w4(Bp, &B[((j0 * B_s1) + (k1 * B_s0))], B_s1, B_s0, j0_len, k1_len);
             for (int64_t i2 = 0; i2 < m; i2 += 12) {
                 int64_t i2_len = (12 < (m - i2) ? 12 : (m - i2));

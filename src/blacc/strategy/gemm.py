@@ -16,11 +16,15 @@ from ..transform.schedule import Pack, Prefetch, Schedule, Tile, UnrollJam, Vect
 
 
 def blis(mc: int, kc: int, nc: int, mr: int, nr: int, ku: int, lanes: int = 1, *,
-         prefetch_a: int = 0, prefetch_b: int = 0) -> Schedule:
-    """jc (nc) / pc (kc) / pack B / ic (mc) / pack A / jr (nr) / ir (mr) / micro-kernel."""
+         prefetch_a: int = 0, prefetch_b: int = 0, balanced: bool = True) -> Schedule:
+    """jc (nc) / pc (kc) / pack B / ic (mc) / pack A / jr (nr) / ir (mr) / micro-kernel.
+
+    The kc blocks are balanced unless ``balanced=False`` (k = 330 with kc = 320 runs
+    165 + 165, not 320 + 10): every block pays for reading and writing C around it, which a
+    short one cannot hide."""
     return (
         Tile((("j", nc),)),
-        Tile((("k", kc),)),
+        Tile((("k", kc),), balanced=balanced),
         Pack("B", nr),
         Tile((("i", mc),)),
         Pack("A", mr),

@@ -12,7 +12,7 @@ strides of the operand's two axes. Extents must be >= 1 (the runtime handles 0).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..errors import ScheduleError
 from ..ir import kernel as k
@@ -64,6 +64,7 @@ class _Plan:
     unroll: int
     lanes: int
     prefetch: dict[str, int]  # operand -> distance
+    balanced: set[int] = field(default_factory=set)  # depths of loops with equal tiles
 
 
 def _read_schedule(op: Contraction, r: _Roles, schedule: Schedule) -> _Plan:
@@ -79,6 +80,8 @@ def _read_schedule(op: Contraction, r: _Roles, schedule: Schedule) -> _Plan:
                     raise ScheduleError(f"Tile: {dim}={size} is larger than the enclosing "
                                         f"tile {dim}={outer[-1]}")
                 plan.loops.append((dim, size))
+                if t.balanced:
+                    plan.balanced.add(len(plan.loops) - 1)
         elif isinstance(t, Pack):
             if t.operand not in (r.left, r.right):
                 raise ScheduleError(f"Pack: {t.operand!r} is not an input of {op.name}")
@@ -133,8 +136,12 @@ def _check(plan: _Plan, r: _Roles) -> tuple[int, int]:
     return mr, nr
 
 
+def _ceil_div(x: k.Expr, m: int) -> k.Expr:
+    return k.Bin("/", x + (m - 1), k.Const(m))
+
+
 def _round_up(x: k.Expr, m: int) -> k.Expr:
-    return k.Bin("/", x + (m - 1), k.Const(m)) * m
+    return _ceil_div(x, m) * m
 
 
 def apply(op: Contraction, schedule: Schedule, *, name: str = "kernel",
@@ -185,8 +192,17 @@ def apply(op: Contraction, schedule: Schedule, *, name: str = "kernel",
         inner = body_at(depth + 1)
         extent[dim], static_bound[dim] = saved
         terms[dim].pop()
-        stmts.append(k.For(var, k.Const(0), outer_extent, size,
-                           (k.Decl(length, k.minimum(size, outer_extent - var)), *inner)))
+        if depth not in plan.balanced:
+            stmts.append(k.For(var, k.Const(0), outer_extent, size,
+                               (k.Decl(length, k.minimum(size, outer_extent - var)), *inner)))
+            return tuple(stmts)
+        # Equal tiles: count = ceil(extent / size), step = ceil(extent / count) <= size.
+        count, step, index = (k.Var(f"{dim}{depth}_{s}") for s in ("count", "step", "i"))
+        stmts += [k.Decl(count, _ceil_div(outer_extent, size)),
+                  k.Decl(step, k.Bin("/", outer_extent + (count - 1), k.maximum(count, 1))),
+                  k.For(index, k.Const(0), count, 1,
+                        (k.Decl(var, index * step),
+                         k.Decl(length, k.minimum(step, outer_extent - var)), *inner))]
         return tuple(stmts)
 
     def _pack(operand: str, sliver: int, depth: int) -> k.Stmt:

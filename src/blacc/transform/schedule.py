@@ -4,8 +4,9 @@ A schedule is a tuple of frozen transformation records applied in order by
 ``apply`` (see ``transform.apply``). Records print as Python and round-trip
 through JSON, so the tuner can store schedules rather than binaries.
 
-    (Tile((("j", 4080),)), Tile((("k", 256),)), Pack("B", 16), Tile((("i", 144),)),
-     Pack("A", 6), Tile((("j", 16), ("i", 6))), UnrollJam("k", 4), Vectorize("j", 8))
+    (Tile((("j", 4080),)), Tile((("k", 256),), balanced=True), Pack("B", 16),
+     Tile((("i", 144),)), Pack("A", 6), Tile((("j", 16), ("i", 6))), UnrollJam("k", 4),
+     Vectorize("j", 8))
 """
 
 from __future__ import annotations
@@ -20,9 +21,15 @@ from ..errors import ScheduleError
 class Tile:
     """Strip-mine dimensions into loops over tiles, nested in the order given.
 
-    ``Tile((("j", 16), ("i", 6)))``: for j in steps of 16: for i in steps of 6: ..."""
+    ``Tile((("j", 16), ("i", 6)))``: for j in steps of 16: for i in steps of 6: ...
+
+    ``balanced=True`` keeps the number of tiles, count = ceil(extent / size), but sizes them
+    at run time to ceil(extent / count) (never more than ``size``; the last one is shorter
+    by less than count): k = 330 in blocks of 320 becomes 165 + 165 instead of 320 + 10, so
+    no block is too short to hide the cost of reading and writing C around it."""
 
     sizes: tuple[tuple[str, int], ...]
+    balanced: bool = False
 
     def __post_init__(self) -> None:
         if not self.sizes:
