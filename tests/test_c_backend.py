@@ -247,3 +247,48 @@ def test_golden_c(filename):
 def test_render_is_deterministic():
     assert render(AVX2_F32, AVX2) == render(
         _lowered("f32", blis(12, 8, 32, 6, 16, 4, 8), AVX2, {"C_s1": 1}), AVX2)
+
+
+# ----------------------------------------------------------------------------- unroll hint
+
+
+def _k_loops(backend):
+    from blacc.ir import kernel as k
+    from blacc.ir.walk import nodes_of
+
+    module = apply(matmul("f64"), blis(12, 8, 32, 6, 8, 4, 4), name="gemm",
+                   known_strides={"C_s1": 1})
+    final, _ = lower(module, AVX2, backend=backend)
+    micro = final.function("gemm_micro")
+    return final, [s for s in nodes_of(micro.body, k.For) if s.var.name == "p"]
+
+
+def test_c_backend_leaves_the_k_loop_rolled_for_gcc_to_unroll(cc):
+    final, loops = _k_loops("c")
+    assert [(s.step, s.unroll) for s in loops] == [(1, 4)]
+    source = render(final, AVX2)
+    hinted = "#if defined(__GNUC__)\n    #pragma GCC unroll 4\n#endif\n    for (int64_t p = 0;"
+    assert hinted in source
+    # the hint is printed only where it was asked for
+    assert source.count("#pragma GCC unroll") == 1
+
+
+@pytest.mark.parametrize("backend", ["llvm", None])
+def test_other_backends_get_the_k_loop_unrolled_in_the_ir(backend):
+    _, loops = _k_loops(backend)
+    assert [(s.step, s.unroll) for s in loops] == [(4, 1), (1, 1)]  # main loop + remainder
+
+
+def test_the_hint_survives_printing_and_interpreting():
+    from blacc.ir import printer
+    from blacc.ir.interp import run
+
+    final, _ = _k_loops("c")
+    assert "for p in range(0, kc):  # unroll 4" in printer.module(final)
+    rng = np.random.default_rng(3)
+    m, n, k_ = 13, 11, 19
+    a, b = rng.uniform(-1, 1, (m, k_)), rng.uniform(-1, 1, (k_, n))
+    c = np.zeros(m * n)
+    run(final, dict(m=m, n=n, k=k_, alpha=1.0, A=a.ravel(), A_s0=k_, A_s1=1, B=b.ravel(),
+                    B_s0=n, B_s1=1, beta=0.0, C=c, C_s0=n, C_s1=1))
+    np.testing.assert_allclose(c.reshape(m, n), a @ b, rtol=1e-12, atol=1e-12)

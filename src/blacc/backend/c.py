@@ -171,7 +171,9 @@ class _Renderer:
             v = s.var.name
             head = (f"{pad}for (int64_t {v} = {self.expr(s.start)}; {v} < {self.expr(s.stop)}; "
                     f"{v} += {s.step}) {{")
-            return [head, *self.stmts(s.body, indent + 1), f"{pad}}}"]
+            hint = (["#if defined(__GNUC__)", f"{pad}#pragma GCC unroll {s.unroll}", "#endif"]
+                    if s.unroll > 1 else [])
+            return [*hint, head, *self.stmts(s.body, indent + 1), f"{pad}}}"]
         if isinstance(s, k.If):
             lines = [f"{pad}if ({self.expr(s.cond)}) {{", *self.stmts(s.then, indent + 1)]
             if s.orelse:

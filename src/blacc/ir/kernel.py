@@ -347,13 +347,17 @@ class Store(Stmt):
 
 @dataclass(frozen=True)
 class For(Stmt):
-    """for var in range(start, stop, step) — ``step`` is a positive constant."""
+    """for var in range(start, stop, step) — ``step`` is a positive constant.
+
+    ``unroll`` > 1 is a hint, not a transformation: the backend's compiler may unroll the
+    loop that many times (the C backend prints ``#pragma GCC unroll``)."""
 
     var: Var
     start: Expr
     stop: Expr
     step: int
     body: tuple[Stmt, ...]
+    unroll: int = 1
 
 
 @dataclass(frozen=True)

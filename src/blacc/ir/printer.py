@@ -68,7 +68,8 @@ def stmt(s: k.Stmt, indent: int = 0) -> list[str]:
         return [f"{pad}store{s.value.lanes}({s.buf}[{expr(s.index)}] <- {expr(s.value)}{mask})"]
     if isinstance(s, k.For):
         step = f", {s.step}" if s.step != 1 else ""
-        head = f"{pad}for {s.var.name} in range({expr(s.start)}, {expr(s.stop)}{step}):"
+        hint = f"  # unroll {s.unroll}" if s.unroll > 1 else ""
+        head = f"{pad}for {s.var.name} in range({expr(s.start)}, {expr(s.stop)}{step}):{hint}"
         return [head, *block(s.body, indent + 1)]
     if isinstance(s, k.If):
         lines = [f"{pad}if {expr(s.cond)}:", *block(s.then, indent + 1)]

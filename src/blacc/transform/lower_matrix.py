@@ -34,7 +34,7 @@ chunks of its columns (ISA vectors, then scalars), a multiply becomes broadcast 
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TypeVar
 
 from ..errors import ScheduleError
@@ -70,7 +70,7 @@ def _tiles_body(body: tuple[k.Stmt, ...], kr: int) -> tuple[k.Stmt, ...]:
     while rest:
         s = rest.pop(0)
         if isinstance(s, k.For):
-            out.append(k.For(s.var, s.start, s.stop, s.step, _tiles_body(s.body, kr)))
+            out.append(replace(s, body=_tiles_body(s.body, kr)))
         elif isinstance(s, k.If):
             out.append(k.If(s.cond, _tiles_body(s.then, kr), _tiles_body(s.orelse, kr)))
         elif isinstance(s, k.TileZero):
@@ -297,7 +297,7 @@ class _Expander:
 
     def stmt(self, s: k.Stmt) -> list[k.Stmt]:
         if isinstance(s, k.For):
-            return [k.For(s.var, s.start, s.stop, s.step, self.stmts(s.body))]
+            return [replace(s, body=self.stmts(s.body))]
         if isinstance(s, k.If):
             if has_matrix_values(s.cond):
                 raise ScheduleError("expand_matrix: a matrix value in a condition")

@@ -25,6 +25,8 @@ Before grouping, a row that adds several horizontal sums of one width gets one
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from ..ir import kernel as k
 from ..ir.walk import names_used, nodes_of
 from ..target.isa import Isa
@@ -100,7 +102,7 @@ def _inside(s: k.Stmt, isa: Isa) -> k.Stmt:
     if isinstance(s, k.Store) and s.count is None and s.value.lanes == 1:
         return k.Store(s.buf, s.index, one_sum(s.value), s.count)
     if isinstance(s, k.For):
-        return k.For(s.var, s.start, s.stop, s.step, batch_row_sums(s.body, isa))
+        return replace(s, body=batch_row_sums(s.body, isa))
     if isinstance(s, k.If):
         return k.If(s.cond, batch_row_sums(s.then, isa), batch_row_sums(s.orelse, isa))
     return s
