@@ -21,7 +21,6 @@ overhead is measured.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -718,14 +717,9 @@ def harness_source(series: Series) -> str:
 
 def blacc_fingerprint() -> str:
     """A hash of blacc's sources: emitted kernels are reused only while it is unchanged."""
-    import blacc
+    from blacc.runtime.plan_cache import source_fingerprint
 
-    root = Path(blacc.__file__).parent
-    h = hashlib.sha256()
-    for p in sorted(root.rglob("*.py")):
-        h.update(str(p.relative_to(root)).encode())
-        h.update(p.read_bytes())
-    return h.hexdigest()[:16]
+    return source_fingerprint()
 
 
 def _decls(case: Case) -> dict:

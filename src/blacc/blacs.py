@@ -17,22 +17,24 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 
 from .backend import c as c_backend
-from .errors import ArgumentError
+from .errors import ArgumentError, ScheduleError
 from .frontend import TypedProgram, check, parse, to_program
 from .frontend.types import Decl
 from .ir import indexed as ix
 from .ir import kernel as k
 from .runtime.gemm import host_target
+from .runtime.plan_cache import Choice, remembered
 from .runtime.signature import ArgSpec
 from .strategy.small import cheapest_form, choose
 from .target.isa import AVX2, GENERIC, Isa
 from .transform.blac import OpSchedule, build_module
+from .transform.blac import candidates as schedule_candidates
 from .transform.index_notation import arg_specs, forms
 
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
@@ -84,10 +86,46 @@ def plan(program: object, *, name: str = "blac_kernel", target: str | Isa | None
     typed = _typed(program, operands)
     specs = arg_specs(typed)
     isa = _isa(target)
-    indexed, per_op = cheapest_form(forms(typed), specs, isa)
-    schedule = choose(indexed, specs, isa, search=search, measure=measure_with, per_op=per_op)
+    candidates = forms(typed)
+    if search == "model":
+        form, schedule = _model_choice(typed, specs, isa, candidates)
+        indexed = candidates[form]
+    else:
+        indexed, per_op = cheapest_form(candidates, specs, isa)
+        schedule = choose(indexed, specs, isa, search=search, measure=measure_with,
+                          per_op=per_op)
     module = build_module(indexed, specs, schedule, isa, name)
     return Plan(typed, indexed, specs, schedule, module, isa)
+
+
+def _model_choice(typed: TypedProgram, specs: tuple[ArgSpec, ...], isa: Isa,
+                  candidates: tuple[ix.Program, ...]) -> Choice:
+    """The cost model's form and schedules, remembered in the kernel cache: modelling every
+    candidate takes up to ~1.7 s, and a program is usually compiled again and again."""
+
+    def decide() -> Choice:
+        indexed, per_op = cheapest_form(candidates, specs, isa)
+        return candidates.index(indexed), choose(indexed, specs, isa, per_op=per_op)
+
+    def fits(choice: Choice) -> bool:
+        """Only a choice the model could have made: a form of this program, and for each
+        operation one of its candidate schedules, that builds."""
+        form, schedule = choice
+        if form >= len(candidates) or len(schedule) != len(candidates[form].ops):
+            return False
+        program = candidates[form]
+        if any(s not in schedule_candidates(program, op, isa)
+               for op, s in zip(program.ops, schedule, strict=True)):
+            return False
+        try:
+            build_module(program, specs, schedule, isa, "probe")
+        except ScheduleError:
+            return False
+        return True
+
+    parts = {"statements": _statement_text(typed), "specs": [asdict(s) for s in specs],
+             "target": isa.name}
+    return remembered(parts, decide, fits)
 
 
 def compile(program: object, *, search: str = "model", name: str = "blac_kernel",
