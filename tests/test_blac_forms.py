@@ -1,9 +1,12 @@
-"""Index forms of one program: fully fused, or with a product operand that combines
-several arrays element-wise (``(A0 + A1)'*B``) computed once into a temporary
-(``index_notation.forms``), and the cost model's choice between them.
+"""Index forms of one program: fully fused, with a product operand that combines several
+arrays element-wise (``(A0 + A1)'*B``) computed once into a temporary, with the scalars
+of a product moved onto its right operand scaled once (``alpha*A*x`` -> ``A*t0``,
+``t0 = alpha*x``) and added sums merged, or both (``index_notation.forms``), and the cost
+model's choice between them.
 
-* which programs have the second form, and what its temporary is (the combination in
-  its own orientation, scalings and transposes left in the product);
+* which programs have which forms, and what their temporaries are (the combination in
+  its own orientation, scalings and transposes left in the product; the scaled right
+  operand; one merged sum);
 * every form, under the planned schedule of each operation and under every candidate
   schedule of the temporary's operation, against the float64 reference in the
   interpreter (temporaries are NaN-filled there: a read before the write would show);
@@ -48,8 +51,15 @@ PROGRAMS = {
     "in_a_chain": ("D = (A0 + A1)*B*E",
                    lambda m, n, k, dt: dict(A0=M(m, k, dt), A1=M(m, k, dt), B=M(k, n, dt),
                                             E=M(n, 3, dt), D=M(m, 3, dt))),
+    "gesummv": ("y = alpha*A*x + beta*B*x",
+                lambda m, n, k, dt: dict(alpha=S(dt), A=M(m, k, dt), x=V(k, dt), beta=S(dt),
+                                         B=M(m, k, dt), y=V(m, dt))),
+    "scaled_twice": ("C = (2*(alpha*A))*(beta*B') - C",
+                     lambda m, n, k, dt: dict(alpha=S(dt), A=M(m, k, dt), beta=S(dt),
+                                              B=M(n, k, dt), C=M(m, n, dt))),
 }
 
+COMBINING = ("gemam", "both_sides", "negated", "in_a_chain")  # have a combine-once form
 SHAPES = [(1, 1, 1), (1, 5, 3), (4, 4, 4), (5, 3, 1), (7, 9, 2), (6, 17, 4)]
 COMPILED_SHAPES = [(4, 4, 4), (7, 9, 2), (13, 6, 5)]
 
@@ -69,7 +79,7 @@ def _temporaries(program: ix.Program) -> list[ix.Operand]:
 
 
 def test_the_combination_is_computed_in_its_own_orientation():
-    _, _, _, (fused, once) = _forms("gemam", 6, 5, 3, "f64")
+    _, _, _, (fused, once, *_) = _forms("gemam", 6, 5, 3, "f64")
     assert not _temporaries(fused)
     (t,) = _temporaries(once)
     assert (t.rows, t.cols) == (3, 6), "A0 + A1 is 3 x 6; its transpose is read"
@@ -93,6 +103,57 @@ def test_which_programs_have_a_second_form(source, decls, count):
     assert len(forms(_typed(source, decls))) == count
 
 
+def test_gesummv_scales_x_once_and_sums_in_one_chain():
+    _, _, _, (fused, scaled) = _forms("gesummv", 16, 1, 4, "f32")
+    assert not _temporaries(fused)
+    t0, t1 = _temporaries(scaled)
+    assert (t0.rows, t0.cols) == (t1.rows, t1.cols) == (4, 1)
+    make0, make1, use = scaled.ops
+    assert [make0.out, make1.out] == [t0.name, t1.name]
+    assert {r.operand for r in ix.reads(make0.body)} == {"alpha", "x"}
+    assert {r.operand for r in ix.reads(make1.body)} == {"beta", "x"}
+    assert isinstance(use.body, ix.Sum), "the two products' sums are merged into one"
+    assert {r.operand for r in ix.reads(use.body)} == {"A", "B", t0.name, t1.name}
+
+
+@pytest.mark.parametrize(("source", "decls", "scaled"), [
+    ("y = alpha*A*x", dict(alpha=S(), A=M(8, 4), x=V(4), y=V(8)), True),
+    ("C = alpha*A*B", dict(alpha=S(), A=M(8, 4), B=M(4, 4), C=M(8, 4)), True),
+    ("C = A*(alpha*B)", dict(alpha=S(), A=M(8, 4), B=M(4, 4), C=M(8, 4)), True),
+    ("C = A*B", dict(A=M(8, 4), B=M(4, 4), C=M(8, 4)), False),  # no scalar
+    # the right operand is as large as the result: scaling the result is no dearer
+    ("C = alpha*A*B", dict(alpha=S(), A=M(4, 4), B=M(4, 9), C=M(4, 9)), False),
+    # the right operand combines arrays: left to the combined form
+    ("C = alpha*A*(B0 + B1)", dict(alpha=S(), A=M(8, 4), B0=M(4, 4), B1=M(4, 4),
+                                   C=M(8, 4)), False),
+    # x is met once (one row of result)
+    ("z = alpha*x'*A", dict(alpha=S(), x=V(4), A=M(4, 4), z=M(1, 4)), False),
+])
+def test_which_products_move_their_scalars(source, decls, scaled):
+    def scaled_temporaries(program):
+        return [o for o in _temporaries(program)
+                if any(r.operand == "alpha" for op in program.ops if op.out == o.name
+                       for r in ix.reads(op.body))]
+
+    assert any(scaled_temporaries(f) for f in forms(_typed(source, decls))) == scaled
+
+
+def test_merge_sums():
+    from blacc.transform.index_notation import merge_sums
+
+    def dot(a: str, k: str, extent: int = 4) -> ix.Sum:
+        return ix.Sum(k, extent, ix.Mul(ix.Read(a, ("i", k)), ix.Read("x", (k, 0))))
+
+    merged = merge_sums(ix.Add(dot("A", "k1"), ix.Add(dot("B", "k2"), dot("C", "k3"))))
+    assert isinstance(merged, ix.Sum) and merged.extent == 4
+    assert all(merged.index in r.index for r in ix.reads(merged))
+    assert {r.operand for r in ix.reads(merged)} == {"A", "B", "C", "x"}
+    kept = ix.Add(dot("A", "k1"), dot("B", "k2", 5))  # different extents
+    assert merge_sums(kept) == kept
+    scaled = ix.Add(ix.Mul(ix.Read("alpha", (0, 0)), dot("A", "k1")), dot("B", "k2"))
+    assert merge_sums(scaled) == scaled  # a scalar outside a sum stays outside
+
+
 # ----------------------------------------------------------------------------- every form
 
 
@@ -113,8 +174,8 @@ def _schedules(program: ix.Program, specs, isa):
 def test_every_form_interpreted(name, dtype):
     for m, n, k in SHAPES:
         decls, typed, specs, all_forms = _forms(name, m, n, k, dtype)
-        if m > 1 and n > 1:
-            assert len(all_forms) == 2
+        if m > 1 and n > 1 and name in COMBINING:
+            assert len(all_forms) >= 2
         values = make_values(decls, dtype, np.random.default_rng(seed_of(name, m, n, k)))
         for form in all_forms:
             for schedule in _schedules(form, specs, AVX2):
@@ -159,7 +220,8 @@ def _cost(program: ix.Program, specs) -> float:
 
 
 @pytest.mark.parametrize(("name", "shape"), [("gemam", (48, 4, 4)), ("gemam", (4, 4, 100)),
-                                             ("gemam", (2, 2, 2)), ("both_sides", (9, 9, 9))])
+                                             ("gemam", (2, 2, 2)), ("both_sides", (9, 9, 9)),
+                                             ("gesummv", (16, 1, 4)), ("gesummv", (4, 1, 16))])
 def test_planner_takes_the_cheaper_form(name, shape):
     decls, _, specs, all_forms = _forms(name, *shape, "f32")
     chosen, per_op = cheapest_form(all_forms, specs, AVX2)
@@ -174,7 +236,9 @@ def test_gemam_panel_computes_the_sum_once():
     sums are two broadcasts and an add each; computed once, the sum is 24 vector adds."""
     decls, _, _, _ = _forms("gemam", 48, 4, 4, "f32")
     p = plan(PROGRAMS["gemam"][0], target="avx2", **decls)
-    assert len(_temporaries(p.indexed)) == 1
+    sums = [op for op in p.indexed.ops
+            if {r.operand for r in ix.reads(op.body)} == {"A0", "A1"}]
+    assert len(sums) == 1 and sums[0].out in {t.name for t in _temporaries(p.indexed)}
 
 
 @pytest.mark.parametrize("dtype", ["f32", "f64"])

@@ -21,8 +21,10 @@ from blacc.errors import ScheduleError
 from blacc.ir import interp
 from blacc.ir import kernel as k
 from blacc.ir.walk import nodes_of
+from blacc.strategy.small import choose
 from blacc.target.isa import AVX2
 from blacc.transform.blac import build_module, candidates
+from blacc.transform.index_notation import forms
 from blacc.transform.sum_lanes import batch_row_sums, one_sum
 from guard import run_isolated
 from test_blac_leftovers import _call, _padding_untouched
@@ -282,8 +284,13 @@ def test_one_sum_leaves_what_is_not_a_sum_of_sums(name):
 
 @pytest.mark.parametrize("dtype", ["f32", "f64"])
 def test_planner_sums_each_gesummv_row_once(dtype):
-    """y = alpha*A*x + beta*B*x, 16 x 4: one transpose-and-add per four rows, not two."""
+    """y = alpha*A*x + beta*B*x, 16 x 4: one transpose-and-add per four rows, not two, in
+    every index form (fused: one_sum joins the two sums; x scaled once: one merged sum)."""
     decls = PROGRAMS[2][1](16, 4, dtype)
     p = plan(PROGRAMS[2][0], target="avx2", **decls)
-    module = build_module(p.indexed, p.specs, p.schedule, AVX2, "pk")
-    assert len(nodes_of(module, k.SumLanes)) == len(nodes_of(module, k.Store)) == 16 // 4
+    all_forms = forms(p.typed)
+    assert len(all_forms) == 2 and p.indexed in all_forms
+    for form in all_forms:
+        module = build_module(form, p.specs, choose(form, p.specs, AVX2), AVX2, "pk")
+        stores_of_y = [s for s in nodes_of(module, k.Store) if s.buf == "y"]
+        assert len(nodes_of(module, k.SumLanes)) == len(stores_of_y) == 16 // 4
