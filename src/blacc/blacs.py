@@ -101,7 +101,7 @@ def plan(program: object, *, name: str = "blac_kernel", target: str | Isa | None
 def _model_choice(typed: TypedProgram, specs: tuple[ArgSpec, ...], isa: Isa,
                   candidates: tuple[ix.Program, ...]) -> Choice:
     """The cost model's form and schedules, remembered in the kernel cache: modelling every
-    candidate takes up to ~1.7 s, and a program is usually compiled again and again."""
+    candidate takes up to ~2 s, and a program is usually compiled again and again."""
 
     def decide() -> Choice:
         indexed, per_op = cheapest_form(candidates, specs, isa)

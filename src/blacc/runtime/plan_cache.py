@@ -1,7 +1,7 @@
 """The cost model's choices, remembered in the kernel cache.
 
 Choosing a form and schedules for a small program builds and models every candidate
-(0.05-1.7 s); compiling the chosen kernel is then a cache hit from the second process on.
+(0.02-2 s); compiling the chosen kernel is then a cache hit from the second process on.
 So the choice is cached too: a small JSON entry (which index form, and each operation's
 ``OpSchedule``) in the kernel cache, under a key made of the program's statements, its
 operand specs, the target and a hash of blacc's own sources, so that any change to the

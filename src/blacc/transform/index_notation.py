@@ -274,7 +274,7 @@ def forms(program: t.TypedProgram) -> tuple[ix.Program, ...]:
     repeats. The others compute some product operands once into temporaries:
     ``combine_once``, an operand that combines several arrays element-wise (see
     ``_combined_once``); ``scale_once``, the scalar factors of a product moved onto its
-    smaller operand, scaled once (``_scalars_moved``), with the sums added together then
+    right operand, scaled once (``_scalars_moved``), with the sums added together then
     merged into one (``merge_sums``): ``alpha*A*x + beta*B*x`` becomes
     ``sum_k A(i,k)*t0(k) + B(i,k)*t1(k)`` with ``t0 = alpha*x``, ``t1 = beta*x``. Which is
     faster depends on the shapes: the cost model decides."""
