@@ -51,6 +51,21 @@ def test_tile_rejects_duplicate_and_empty():
         Tile(())
 
 
+@pytest.mark.parametrize("bad", ["yes", 1, None])
+def test_tile_balanced_is_a_bool(bad):
+    with pytest.raises(ScheduleError, match="balanced must be True or False"):
+        Tile((("k", 8),), balanced=bad)
+    with pytest.raises(ScheduleError, match="balanced"):
+        from_json(json.dumps([{"kind": "Tile", "sizes": [["k", 8]], "balanced": bad}]))
+
+
+def test_the_register_tile_cannot_be_balanced():
+    schedule = (Tile((("k", 8),), balanced=True), Tile((("j", 16), ("i", 6)), balanced=True),
+                Vectorize("j", 8))
+    with pytest.raises(ScheduleError, match="register tile has a fixed size"):
+        apply(F32, schedule, name="gemm", known_strides=CS1)
+
+
 @pytest.mark.parametrize("bad", [0, -3, 2.0, "6", None])
 def test_pack_unroll_vectorize_reject_non_positive(bad):
     with pytest.raises(ScheduleError):

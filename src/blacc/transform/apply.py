@@ -112,6 +112,8 @@ def _check(plan: _Plan, r: _Roles) -> tuple[int, int]:
     if len(plan.loops) < 2 or {d for d, _ in plan.loops[-2:]} != {r.i, r.j}:
         raise ScheduleError(f"the innermost Tile must tile {r.i!r} and {r.j!r}: it is the "
                             "register tile")
+    if {len(plan.loops) - 2, len(plan.loops) - 1} & plan.balanced:
+        raise ScheduleError("the register tile has a fixed size: it cannot be balanced")
     reg = dict(plan.loops[-2:])
     mr, nr = reg[r.i], reg[r.j]
     k_depths = [n for n, (d, _) in enumerate(plan.loops) if d == r.k]

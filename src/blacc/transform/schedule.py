@@ -42,6 +42,8 @@ class Tile:
             if dim in seen:
                 raise ScheduleError(f"Tile names dimension {dim!r} twice")
             seen.add(dim)
+        if not isinstance(self.balanced, bool):
+            raise ScheduleError(f"Tile balanced must be True or False, got {self.balanced!r}")
 
 
 @dataclass(frozen=True)
