@@ -88,20 +88,19 @@ def plan(program: object, *, name: str = "blac_kernel", target: str | Isa | None
     isa = _isa(target)
     candidates = forms(typed)
     if search == "model":
-        form, schedule = _model_choice(typed, specs, isa, candidates)
-        indexed = candidates[form]
-    else:
-        indexed, per_op = cheapest_form(candidates, specs, isa)
-        schedule = choose(indexed, specs, isa, search=search, measure=measure_with,
-                          per_op=per_op)
+        return _model_plan(typed, specs, isa, candidates, name)
+    indexed, per_op = cheapest_form(candidates, specs, isa)
+    schedule = choose(indexed, specs, isa, search=search, measure=measure_with, per_op=per_op)
     module = build_module(indexed, specs, schedule, isa, name)
     return Plan(typed, indexed, specs, schedule, module, isa)
 
 
-def _model_choice(typed: TypedProgram, specs: tuple[ArgSpec, ...], isa: Isa,
-                  candidates: tuple[ix.Program, ...]) -> Choice:
+def _model_plan(typed: TypedProgram, specs: tuple[ArgSpec, ...], isa: Isa,
+                candidates: tuple[ix.Program, ...], name: str) -> Plan:
     """The cost model's form and schedules, remembered in the kernel cache: modelling every
-    candidate takes up to ~2 s, and a program is usually compiled again and again."""
+    candidate takes up to ~2 s, and a program is usually compiled again and again. A
+    remembered choice is checked by building it, and that build is the plan's module."""
+    built: dict[Choice, k.Module] = {}
 
     def decide() -> Choice:
         indexed, per_op = cheapest_form(candidates, specs, isa)
@@ -118,14 +117,17 @@ def _model_choice(typed: TypedProgram, specs: tuple[ArgSpec, ...], isa: Isa,
                for op, s in zip(program.ops, schedule, strict=True)):
             return False
         try:
-            build_module(program, specs, schedule, isa, "probe")
+            built[choice] = build_module(program, specs, schedule, isa, name)
         except ScheduleError:
             return False
         return True
 
     parts = {"statements": _statement_text(typed), "specs": [asdict(s) for s in specs],
              "target": isa.name}
-    return remembered(parts, decide, fits)
+    form, schedule = choice = remembered(parts, decide, fits)
+    indexed = candidates[form]
+    module = built.get(choice) or build_module(indexed, specs, schedule, isa, name)
+    return Plan(typed, indexed, specs, schedule, module, isa)
 
 
 def compile(program: object, *, search: str = "model", name: str = "blac_kernel",

@@ -100,7 +100,7 @@ def one_sum(e: k.Expr) -> k.Expr:
 
 def _inside(s: k.Stmt, isa: Isa) -> k.Stmt:
     if isinstance(s, k.Store) and s.count is None and s.value.lanes == 1:
-        return k.Store(s.buf, s.index, one_sum(s.value), s.count)
+        return replace(s, value=one_sum(s.value))
     if isinstance(s, k.For):
         return replace(s, body=batch_row_sums(s.body, isa))
     if isinstance(s, k.If):
