@@ -9,6 +9,8 @@ import numpy as np
 import pytest
 from threadpoolctl import ThreadpoolController
 
+from blacc.runtime.build import environment_backend
+
 DTYPES = (np.float32, np.float64)
 
 # Memory layouts make_operand can produce for a (rows, cols) operand:
@@ -162,6 +164,9 @@ BACKENDS = ("c", "llvm")
 
 @pytest.fixture(params=BACKENDS)
 def backend(request, monkeypatch):
-    """Run the test once per backend: the public API reads $BLACC_BACKEND at each call."""
+    """Run the test once per backend: the public API follows $BLACC_BACKEND (read again
+    here, and after the test, when the variable is restored)."""
     monkeypatch.setenv("BLACC_BACKEND", request.param)
+    environment_backend.cache_clear()
+    request.addfinalizer(environment_backend.cache_clear)
     return request.param

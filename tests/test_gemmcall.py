@@ -32,7 +32,7 @@ def test_extension_and_ctypes_agree(dtype, layout, rng, make_operand, monkeypatc
 
 
 def _kernel(dtype: str, m: int, n: int, k: int) -> tuple[int, bool]:
-    _, sized, address = dispatch(host_target(), "c", "blis", dtype, m, n, k, True, True)
+    _, sized, address, _ = dispatch(host_target(), "c", "blis", dtype, m, n, k, True, True)
     return address, sized
 
 
@@ -82,3 +82,118 @@ def test_products_from_two_threads():
         t.join()
     for (a, b), got in zip(pairs, out, strict=True):
         np.testing.assert_allclose(got, a @ b, rtol=1e-10, atol=1e-10)
+
+
+# ------------------------------------------------------------------ the fast path (repeat)
+
+
+def _forbid_checked_path(monkeypatch):
+    """Make the checked path fail, so a call that succeeds must have been repeated."""
+    def refuse(*args, **kwargs):
+        raise AssertionError("took the checked path")
+
+    monkeypatch.setattr(blacc.api, "check_gemm", refuse)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("trans_a, trans_b", [(False, False), (True, False), (False, True),
+                                              (True, True)])
+@pytest.mark.parametrize("shape", [(5, 7, 3), (23, 17, 31), (70, 65, 80)])
+def test_repeat_gives_the_checked_result(dtype, layout, trans_a, trans_b, shape, rng,
+                                         make_operand, monkeypatch, backend):
+    """A call like an earlier one is repeated without the checks in Python (when no copy
+    was needed), and computes bit for bit what the checked path computes; with C=None
+    too. Layouts that need a copy keep taking the checked path, and stay right."""
+    m, n, k = shape
+    A = make_operand(rng, *((k, m) if trans_a else (m, k)), dtype, layout)
+    B = make_operand(rng, *((n, k) if trans_b else (k, n)), dtype, layout)
+    C = make_operand(rng, m, n, dtype, layout)
+    kw = dict(alpha=1.5, beta=-0.5, trans_a=trans_a, trans_b=trans_b)
+    C0 = C.copy()
+    first = blacc.gemm(A, B, C, **kw).copy()
+    fresh = blacc.gemm(A, B, alpha=-2.0, trans_a=trans_a, trans_b=trans_b)
+    key = runtime_gemm.signature(A, B, C, 1.5, -0.5, trans_a, trans_b, backend, "auto")
+    in_place = key in runtime_gemm._REPEATS
+    # copied: views with no unit stride ([::2, ::3]) or none positive ([::-1, ::-1])
+    assert in_place == (layout not in ("strided", "neg")), layout
+    if in_place:
+        _forbid_checked_path(monkeypatch)
+    C[...] = C0
+    assert blacc.gemm(A, B, C, **kw) is C
+    np.testing.assert_array_equal(C, first)
+    np.testing.assert_array_equal(
+        blacc.gemm(A, B, alpha=-2.0, trans_a=trans_a, trans_b=trans_b), fresh)
+
+
+def test_repeat_leaves_overlap_and_read_only_c_to_the_checks():
+    """Same dtypes, shapes and strides as a repeated call, but C overlapping A (an error),
+    C sharing A's buffer without overlap (fine), a read-only C (an error), alpha == 0
+    (C = beta * C): the checked path decides, and nothing is written before an error."""
+    rng = np.random.default_rng(5)
+    n = 6
+    buf = rng.standard_normal((n, 2 * n))
+    B = rng.standard_normal((n, n))
+    A, C = buf[:, :n], buf[:, n:]  # interleaved rows: the memory ranges meet, no element
+    expected = A @ B
+    blacc.gemm(A, B, C.copy())  # make the signature known
+    blacc.gemm(A, B, C)
+    np.testing.assert_allclose(C, expected, rtol=1e-12, atol=1e-12)
+
+    overlapping = buf[:, 1:n + 1]  # shares columns 1..n-1 with A
+    before = buf.copy()
+    with pytest.raises(blacc.AliasingError, match="C shares memory with A"):
+        blacc.gemm(A, B, overlapping)
+    np.testing.assert_array_equal(buf, before)
+
+    frozen = np.zeros((n, 2 * n))[:, :n]
+    blacc.gemm(A, B, frozen)  # a writable one first
+    frozen.flags.writeable = False
+    with pytest.raises(blacc.ArgumentError, match="read-only"):
+        blacc.gemm(A, B, frozen)
+
+    C2 = np.ones((n, 2 * n))[:, :n]
+    blacc.gemm(A, B, C2, alpha=0.0, beta=3.0)
+    np.testing.assert_array_equal(C2, np.full((n, n), 3.0))
+
+
+def test_extension_flags():
+    """The extension's flags: transposes and C^T = op(B)^T op(A)^T computed on the arrays
+    as given; a unit column stride the kernel needs is checked; possible overlap is
+    reported (MAY_OVERLAP) before anything is written."""
+    from blacc.runtime.gemmcall import (
+        CHECK_OVERLAP,
+        MAY_OVERLAP,
+        SWAP,
+        TRANS_A,
+        TRANS_B,
+        UNIT_A,
+        UNIT_B,
+        UNIT_C,
+    )
+
+    call = gemm_caller()["f64"]
+    rng = np.random.default_rng(2)
+    m, n, k = 5, 7, 3
+    a, b = rng.standard_normal((k, m)), rng.standard_normal((n, k))  # A^T, B^T
+    address, sized = _kernel("f64", m, n, k)
+    unit = UNIT_A | UNIT_B | UNIT_C
+    c = np.zeros((m, n))
+    with pytest.raises(ValueError, match="unit column stride"):  # A^T has unit row stride
+        call(address, sized, 1.0, a.T, b.T, 0.0, c, UNIT_A)
+    assert call(address, sized, 1.0, np.ascontiguousarray(a.T), np.ascontiguousarray(b.T),
+                0.0, c, unit) == 0
+    np.testing.assert_allclose(c, a.T @ b.T, rtol=1e-12)
+    # C in Fortran order: computed as C^T = B A with the kernel for n x m x k
+    address_t, sized_t = _kernel("f64", n, m, k)
+    cf = np.zeros((m, n), order="F")
+    assert call(address_t, sized_t, 1.0, a, b, 0.0, cf, TRANS_A | TRANS_B | SWAP | unit) == 0
+    np.testing.assert_allclose(cf, a.T @ b.T, rtol=1e-12)
+    with pytest.raises(ValueError, match="shapes do not agree"):
+        call(address_t, sized_t, 1.0, a, b, 0.0, cf, TRANS_A | SWAP)
+    # overlap: C is A
+    sq = rng.standard_normal((4, 4))
+    address_s, sized_s = _kernel("f64", 4, 4, 4)
+    before = sq.copy()
+    assert call(address_s, sized_s, 1.0, sq, np.eye(4), 0.0, sq, CHECK_OVERLAP) == MAY_OVERLAP
+    np.testing.assert_array_equal(sq, before)

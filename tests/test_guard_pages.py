@@ -229,9 +229,19 @@ def _gemm_on_guarded(assert_gemm_close, seed, shape, dtype, placements, trans_a,
     assert_gemm_close(C, A, B, C0, -1.5, beta, trans_a, trans_b, context=context)
     assert np.array_equal(bits(outside_view(C)), around_c), f"wrote into C's padding: {context}"
     assert np.array_equal(bits(A), bits(A0)) and np.array_equal(bits(B), bits(B0)), context
+    # the same call again takes the fast path (runtime.gemm.repeat) where it applies: the
+    # same bits, inside the same guards
+    first = C.copy()
+    C[...] = C0
+    assert blacc.gemm(A, B, C, alpha=-1.5, beta=beta, trans_a=trans_a, trans_b=trans_b) is C
+    assert np.array_equal(bits(C), bits(first)), f"repeated call differs: {context}"
+    assert np.array_equal(bits(outside_view(C)), around_c), f"repeat wrote outside C: {context}"
+    assert np.array_equal(bits(A), bits(A0)) and np.array_equal(bits(B), bits(B0)), context
 
-    new = blacc.gemm(A, B, alpha=0.5, trans_a=trans_a, trans_b=trans_b)
-    assert_gemm_close(new, A, B, None, 0.5, 0.0, trans_a, trans_b, context=f"C=None, {context}")
+    for _ in range(2):  # the second call repeats the first
+        new = blacc.gemm(A, B, alpha=0.5, trans_a=trans_a, trans_b=trans_b)
+        assert_gemm_close(new, A, B, None, 0.5, 0.0, trans_a, trans_b,
+                          context=f"C=None, {context}")
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -53,16 +53,25 @@ def _llvm_available() -> bool:
     return True
 
 
+@functools.cache
+def environment_backend() -> str | None:
+    """$BLACC_BACKEND, read once per process like $CC (reading the environment costs ~1 us,
+    as much as the rest of a small ``blacc.gemm`` call); ``environment_backend.cache_clear()``
+    makes the next call read it again."""
+    return os.environ.get("BLACC_BACKEND") or None
+
+
 def resolve_backend(backend: str | None) -> str:
-    """'c' or 'llvm' for a requested backend: the argument, else $BLACC_BACKEND, else
-    'auto': LLVM when llvmlite loads, the C compiler otherwise.
+    """'c' or 'llvm' for a requested backend: the argument, else $BLACC_BACKEND (read once:
+    ``environment_backend``), else 'auto': LLVM when llvmlite loads, the C compiler
+    otherwise.
 
     LLVM is preferred because it allocates the registers of the GEMM micro-kernel better:
     its k loop is exactly mr*nr/vl FMAs, mr broadcasts and nr/vl loads of B per step,
     where gcc 12 re-loads B vectors as memory operands and shuffles registers (same-process
     runs of benchmarks/tune_gemm.py --backend c --backend llvm: LLVM 7-19% faster on four
     of six shapes, even or 2% slower on the other two)."""
-    name = backend or os.environ.get("BLACC_BACKEND") or "auto"
+    name = backend or environment_backend() or "auto"
     if name not in BACKENDS:
         raise ArgumentError(f"unknown backend {name!r}: choose one of {', '.join(BACKENDS)}")
     if name == "auto":
