@@ -161,39 +161,32 @@ def test_extension_flags():
     """The extension's flags: transposes and C^T = op(B)^T op(A)^T computed on the arrays
     as given; a unit column stride the kernel needs is checked; possible overlap is
     reported (MAY_OVERLAP) before anything is written."""
-    from blacc.runtime.gemmcall import (
-        CHECK_OVERLAP,
-        MAY_OVERLAP,
-        SWAP,
-        TRANS_A,
-        TRANS_B,
-        UNIT_A,
-        UNIT_B,
-        UNIT_C,
-    )
+    from blacc.runtime import gemmcall as ext
 
     call = gemm_caller()["f64"]
     rng = np.random.default_rng(2)
     m, n, k = 5, 7, 3
     a, b = rng.standard_normal((k, m)), rng.standard_normal((n, k))  # A^T, B^T
     address, sized = _kernel("f64", m, n, k)
-    unit = UNIT_A | UNIT_B | UNIT_C
+    unit = ext.UNIT_A | ext.UNIT_B | ext.UNIT_C
     c = np.zeros((m, n))
     with pytest.raises(ValueError, match="unit column stride"):  # A^T has unit row stride
-        call(address, sized, 1.0, a.T, b.T, 0.0, c, UNIT_A)
+        call(address, sized, 1.0, a.T, b.T, 0.0, c, ext.UNIT_A)
     assert call(address, sized, 1.0, np.ascontiguousarray(a.T), np.ascontiguousarray(b.T),
                 0.0, c, unit) == 0
     np.testing.assert_allclose(c, a.T @ b.T, rtol=1e-12)
     # C in Fortran order: computed as C^T = B A with the kernel for n x m x k
     address_t, sized_t = _kernel("f64", n, m, k)
     cf = np.zeros((m, n), order="F")
-    assert call(address_t, sized_t, 1.0, a, b, 0.0, cf, TRANS_A | TRANS_B | SWAP | unit) == 0
+    flags = ext.TRANS_A | ext.TRANS_B | ext.SWAP | unit
+    assert call(address_t, sized_t, 1.0, a, b, 0.0, cf, flags) == 0
     np.testing.assert_allclose(cf, a.T @ b.T, rtol=1e-12)
     with pytest.raises(ValueError, match="shapes do not agree"):
-        call(address_t, sized_t, 1.0, a, b, 0.0, cf, TRANS_A | SWAP)
+        call(address_t, sized_t, 1.0, a, b, 0.0, cf, ext.TRANS_A | ext.SWAP)
     # overlap: C is A
     sq = rng.standard_normal((4, 4))
     address_s, sized_s = _kernel("f64", 4, 4, 4)
     before = sq.copy()
-    assert call(address_s, sized_s, 1.0, sq, np.eye(4), 0.0, sq, CHECK_OVERLAP) == MAY_OVERLAP
+    status = call(address_s, sized_s, 1.0, sq, np.eye(4), 0.0, sq, ext.CHECK_OVERLAP)
+    assert status == ext.MAY_OVERLAP
     np.testing.assert_array_equal(sq, before)
