@@ -190,3 +190,22 @@ def test_extension_flags():
     status = call(address_s, sized_s, 1.0, sq, np.eye(4), 0.0, sq, ext.CHECK_OVERLAP)
     assert status == ext.MAY_OVERLAP
     np.testing.assert_array_equal(sq, before)
+
+
+def test_repeat_keeps_its_kernel_loaded(backend):
+    """The kernel caches may drop a kernel (both are bounded); a remembered call holds it,
+    so repeating the call still runs loaded code."""
+    import gc
+
+    rng = np.random.default_rng(9)
+    A, B = rng.standard_normal((9, 11)), rng.standard_normal((11, 13))
+    C = np.zeros((9, 13))
+    blacc.gemm(A, B, C)
+    runtime_gemm._DISPATCH.clear()
+    runtime_gemm.gemm_kernel.cache_clear()
+    gc.collect()
+    key = runtime_gemm.signature(A, B, C, 1.0, 0.0, False, False, backend, "auto")
+    assert runtime_gemm._REPEATS[key].kernel is not None
+    C[...] = 0
+    assert blacc.gemm(A, B, C) is C
+    np.testing.assert_allclose(C, A @ B, rtol=1e-12, atol=1e-12)

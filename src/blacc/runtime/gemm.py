@@ -234,6 +234,7 @@ class _Repeat(NamedTuple):
     """How to repeat a successful call in one extension call (see ``repeat``)."""
 
     call: Callable[..., int]  # the extension's call_f32 / call_f64
+    kernel: NativeKernel  # held so that the code at ``address`` stays loaded
     address: int
     sized: bool
     flags: int
@@ -328,8 +329,8 @@ def run_gemm(call: GemmCall, target: Target | None = None, backend: str = "c",
                      | (SWAP if swap else 0) | (CHECK_OVERLAP if remember[6] is not None else 0))
             if len(_REPEATS) >= _DISPATCH_LIMIT:
                 _REPEATS.clear()
-            _REPEATS[remember] = _Repeat(callers[call.dtype], address, takes_extents, flags,
-                                         c.shape, c.dtype)
+            _REPEATS[remember] = _Repeat(callers[call.dtype], kernel, address, takes_extents,
+                                         flags, c.shape, c.dtype)
         status = callers[call.dtype](address, takes_extents, call.alpha, a, b, call.beta, out_k)
     else:  # no C compiler for the extension: ctypes
         extents = (mk, nk, k) if takes_extents else ()
