@@ -195,6 +195,7 @@ def test_extension_flags():
 def test_repeat_keeps_its_kernel_loaded(backend):
     """The kernel caches may drop a kernel (both are bounded); a remembered call holds it,
     so repeating the call still runs loaded code."""
+    import ctypes
     import gc
 
     rng = np.random.default_rng(9)
@@ -205,7 +206,8 @@ def test_repeat_keeps_its_kernel_loaded(backend):
     runtime_gemm.gemm_kernel.cache_clear()
     gc.collect()
     key = runtime_gemm.signature(A, B, C, 1.0, 0.0, False, False, backend, "auto")
-    assert runtime_gemm._REPEATS[key].kernel is not None
+    rep = runtime_gemm._REPEATS[key]
+    assert ctypes.cast(rep.kernel.function, ctypes.c_void_p).value == rep.address
     C[...] = 0
     assert blacc.gemm(A, B, C) is C
     np.testing.assert_allclose(C, A @ B, rtol=1e-12, atol=1e-12)

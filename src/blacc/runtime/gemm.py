@@ -14,7 +14,7 @@ transposes, backend and strategy: ``signature``) takes a fast path (``repeat``):
 compiled extension gets the user's arrays as they are, checks what memory safety depends
 on, and calls the kernel the earlier call chose. Anything unusual (C possibly
 overlapping A or B, a read-only C, alpha == 0) falls back to the checked path, which
-raises the errors. ``blacc.gemm`` on 32x32 matrices: ~12 us -> ~2 us per call.
+raises the errors. The Python-side cost of a 4x4 ``blacc.gemm`` call: ~10 us -> ~2.5 us.
 """
 
 from __future__ import annotations
@@ -144,8 +144,8 @@ class GemmCall:
     alpha: float
     beta: float
     dtype: str
-    trans_a: bool = False
-    trans_b: bool = False
+    trans_a: bool
+    trans_b: bool
 
 
 def check_gemm(A: object, B: object, C: np.ndarray | None, alpha: object, beta: object,
@@ -194,6 +194,8 @@ def _ptr(x: np.ndarray) -> int:
 #: limit.
 _DISPATCH: dict[tuple, tuple[NativeKernel, bool, int, int | None]] = {}
 _DISPATCH_LIMIT = 4096
+
+_PACKING_FAILED = "blacc: the GEMM kernel could not allocate its packing buffers"
 
 #: The extension's flags for the strides a plan fixes (all of them unit column strides).
 _UNIT_FLAGS = {("A_s1", 1): UNIT_A, ("B_s1", 1): UNIT_B, ("C_s1", 1): UNIT_C}
@@ -282,7 +284,7 @@ def repeat(key: tuple, A: np.ndarray, B: np.ndarray, C: np.ndarray | None, alpha
     if status == MAY_OVERLAP:
         return None
     if status != 0:
-        raise MemoryError("blacc: the GEMM kernel could not allocate its packing buffers")
+        raise MemoryError(_PACKING_FAILED)
     return C
 
 
@@ -324,14 +326,15 @@ def run_gemm(call: GemmCall, target: Target | None = None, backend: str = "c",
         a.strides[1] == size, b.strides[1] == size)
     callers = gemm_caller()
     if callers is not None:
-        if remember is not None and unit is not None and not copied:
-            flags = (unit | (TRANS_A if call.trans_a else 0) | (TRANS_B if call.trans_b else 0)
-                     | (SWAP if swap else 0) | (CHECK_OVERLAP if remember[6] is not None else 0))
+        status = callers[call.dtype](address, takes_extents, call.alpha, a, b, call.beta, out_k)
+        if status == 0 and remember is not None and unit is not None and not copied:
+            # the overlap check is a few comparisons in C; a fresh C always passes it
+            flags = (unit | CHECK_OVERLAP | (TRANS_A if call.trans_a else 0)
+                     | (TRANS_B if call.trans_b else 0) | (SWAP if swap else 0))
             if len(_REPEATS) >= _DISPATCH_LIMIT:
                 _REPEATS.clear()
             _REPEATS[remember] = _Repeat(callers[call.dtype], kernel, address, takes_extents,
                                          flags, c.shape, c.dtype)
-        status = callers[call.dtype](address, takes_extents, call.alpha, a, b, call.beta, out_k)
     else:  # no C compiler for the extension: ctypes
         extents = (mk, nk, k) if takes_extents else ()
         status = kernel.function(*extents, call.alpha, _ptr(a), a.strides[0] // size,
@@ -339,7 +342,7 @@ def run_gemm(call: GemmCall, target: Target | None = None, backend: str = "c",
                                  b.strides[1] // size, call.beta, _ptr(out_k),
                                  out_k.strides[0] // size, out_k.strides[1] // size)
     if status != 0:
-        raise MemoryError("blacc: the GEMM kernel could not allocate its packing buffers")
+        raise MemoryError(_PACKING_FAILED)
     if out is not c:
         c[...] = out
     return c
