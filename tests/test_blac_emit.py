@@ -23,6 +23,7 @@ import pytest
 
 import blacc
 from blacc.blacs import plan
+from blacc.ir import printer
 from blacc.target.machine import detect_machine
 from test_blac_programs import (
     SENTINEL,
@@ -246,3 +247,37 @@ def test_generic_target_has_no_vectors_even_for_wide_sizes(tmp_path, dtype):
     c_path, _, _ = emit_and_run(tmp_path, "y = A*x + y", decls, dtype, "generic")
     text = c_path.read_text()
     assert not re.search(r"_mm\d*_|__m\d+|immintrin", text)
+
+
+@needs_avx2
+@pytest.mark.skipif(shutil.which("objdump") is None, reason="no objdump to disassemble with")
+def test_a_vector_shared_by_a_register_tile_is_loaded_once(tmp_path):
+    """A row of B used by every row of a C tile is loaded once per term and kept in a
+    register (``BLACC_IN_REGISTER``): no two FMAs take the same memory operand, where gcc
+    would fold the shared load into each of them and double the loads of the tile."""
+    decls = dict(A=M(4, 4), B=M(4, 48), C=M(4, 48))
+    c_path, _, p = emit_and_run(tmp_path, "C = A*B", decls, "f64", "avx2")
+    assert p.schedule[0].block[0] > 1  # several rows of C share each vector of B
+    ir = printer.module(p.module)
+    assert "# in register" in ir and "barrier" in ir
+    assert "BLACC_IN_REGISTER(" in c_path.read_text()
+    obj = tmp_path / "kern.o"
+    cmd = [CC, *AVX2_FLAGS, "-O3", "-c", str(c_path), "-o", str(obj)]
+    assert subprocess.run(cmd, capture_output=True).returncode == 0
+    asm = subprocess.run(["objdump", "-d", "--no-show-raw-insn", str(obj)],
+                         capture_output=True, text=True, check=True).stdout
+    memory = re.findall(r"vfn?m(?:add|sub)\w+\s+(-?(?:0x[0-9a-f]+)?\([^)]*\))", asm)
+    repeated = sorted({m for m in memory if memory.count(m) > 1})
+    assert not repeated, f"FMAs load the same vector again: {repeated}"
+    # the blocks of straight-line code do not keep each other's loads live: no spills
+    assert not re.search(r"\(%r[sb]p\)", asm), "the kernel spills to the stack"
+
+
+def test_blocks_keep_shared_loads_only_when_they_fit_in_registers():
+    """Straight-line blocks are separated by compiler barriers only where the vectors they
+    load alike would not fit in registers next to a block: B(4x4) of C(12x4) = A*B (four
+    vectors) is better kept in registers for every block of rows than loaded again."""
+    fits = plan("C = A*B", target="avx2", A=M(12, 4), B=M(4, 4), C=M(12, 4))
+    assert "barrier" not in printer.module(fits.module)
+    spills = plan("C = A*B", target="avx2", A=M(4, 4), B=M(4, 48), C=M(4, 48))
+    assert "barrier" in printer.module(spills.module)

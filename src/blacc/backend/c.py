@@ -146,8 +146,11 @@ class _Renderer:
         if isinstance(s, k.Comment):
             return [f"{pad}/* {s.text} */"]
         if isinstance(s, k.Decl):
-            return [f"{pad}{self.type(s.var.dtype, s.var.lanes)} {s.var.name} = "
-                    f"{self.expr(s.value)};"]
+            decl = (f"{pad}{self.type(s.var.dtype, s.var.lanes)} {s.var.name} = "
+                    f"{self.expr(s.value)};")
+            if s.in_register and s.var.lanes > 1 and self.isa.register_constraint:
+                return [decl, f"{pad}BLACC_IN_REGISTER({s.var.name});"]
+            return [decl]
         if isinstance(s, k.Assign):
             return [f"{pad}{s.var.name} = {self.expr(s.value)};"]
         if isinstance(s, k.Store):
@@ -191,6 +194,8 @@ class _Renderer:
             return [f"{pad}free({s.buf});"]
         if isinstance(s, k.Call):
             return [f"{pad}{s.func}({', '.join(self.expr(a) for a in s.args)});"]
+        if isinstance(s, k.Barrier):
+            return [f"{pad}BLACC_BARRIER();"]
         if isinstance(s, k.Prefetch):
             return [f"{pad}BLACC_PREFETCH({self.addr(s.buf, s.index)}, {int(s.write)});"]
         raise TypeError(f"the C backend cannot print {type(s).__name__}; lower it first")
@@ -253,16 +258,26 @@ def render(module: k.Module, isa: Isa) -> str:
             "#include <stdint.h>", "#include <stdlib.h>", "#include <stddef.h>"]
     if isa.header:
         head.append(f"#include <{isa.header}>")
-    head += ["#if defined(__GNUC__)",
-             "#define BLACC_PREFETCH(p, w) __builtin_prefetch((p), (w), 3)",
-             "#define BLACC_NOINLINE __attribute__((noinline))",
-             "#else",
-             "#define BLACC_PREFETCH(p, w) ((void)0)",
-             "#define BLACC_NOINLINE",
-             "#endif"]
     protos = [r.signature(f) + ";" for f in module.functions if not f.exported]
     bodies = [r.function(f) for f in module.functions]
     text = "\n".join(bodies)
+    # Empty asm statements, for GNU C compilers only: BLACC_IN_REGISTER(v) takes v in a
+    # vector register, so the compiler cannot fold v's load into each of its uses
+    # (``k.Decl.in_register``); BLACC_BARRIER() is a compiler barrier (``k.Barrier``).
+    pin = isa.register_constraint if "BLACC_IN_REGISTER(" in text else None
+    fence = "BLACC_BARRIER()" in text
+    head += ["#if defined(__GNUC__)",
+             "#define BLACC_PREFETCH(p, w) __builtin_prefetch((p), (w), 3)",
+             "#define BLACC_NOINLINE __attribute__((noinline))",
+             *([f'#define BLACC_IN_REGISTER(v) __asm__("" : "+{pin}"(v))'] if pin else []),
+             *(['#define BLACC_BARRIER() __asm__ __volatile__("" ::: "memory")'] if fence
+               else []),
+             "#else",
+             "#define BLACC_PREFETCH(p, w) ((void)0)",
+             "#define BLACC_NOINLINE",
+             *(["#define BLACC_IN_REGISTER(v) ((void)0)"] if pin else []),
+             *(["#define BLACC_BARRIER() ((void)0)"] if fence else []),
+             "#endif"]
     # Helpers in dependency order (the table lists callees first); one may call another.
     used = [name for name in isa.prelude if name in text]
     used += [name for name in isa.prelude

@@ -466,6 +466,8 @@ class _FunctionWriter:
             ptr = self.address(s.buf, s.index, inbounds=False)
             args = [("ptr", f"ptr {ptr}"), *(("i32", f"i32 {x}") for x in (int(s.write), 3, 1))]
             self.emit(self.call("llvm.prefetch.p0", "void", args))
+        elif isinstance(s, k.Barrier):
+            self.emit('call void asm sideeffect "", "~{memory}"()')
         else:
             raise TypeError(f"the LLVM backend cannot print {type(s).__name__}; lower it first")
 

@@ -137,7 +137,7 @@ def execute(body: tuple[k.Stmt, ...], env: _Env) -> None:
 
 def _execute(s: k.Stmt, env: _Env) -> None:
     v = env.values
-    if isinstance(s, (k.Comment, k.Prefetch, k.Free)):
+    if isinstance(s, (k.Comment, k.Prefetch, k.Free, k.Barrier)):
         return
     if isinstance(s, (k.Decl, k.Assign)):
         v[s.var.name] = evaluate(s.value, env)

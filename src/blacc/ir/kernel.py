@@ -322,10 +322,14 @@ class Comment(Stmt):
 
 @dataclass(frozen=True)
 class Decl(Stmt):
-    """Declare a local variable with an initial value."""
+    """Declare a local variable with an initial value. ``in_register``: the value is kept
+    in a register for all its uses, where a C compiler would rather fold a shared load
+    into each instruction that uses it (gcc does, for vector loads used by several FMAs:
+    twice the loads of a register tile)."""
 
     var: Var
     value: Expr
+    in_register: bool = False
 
 
 @dataclass(frozen=True)
@@ -405,6 +409,14 @@ class Prefetch(Stmt):
     buf: str
     index: Expr
     write: bool = False
+
+
+@dataclass(frozen=True)
+class Barrier(Stmt):
+    """A compiler barrier: no memory access moves across it, and a value loaded before it
+    is loaded again after it. Between the straight-line register blocks of a small kernel
+    it keeps gcc from reusing one block's loads in a later block (a row of B shared by
+    blocks of different rows), which keeps them live across blocks and spills them."""
 
 
 # ----------------------------------------------------------------------------- tile operations

@@ -58,7 +58,8 @@ def stmt(s: k.Stmt, indent: int = 0) -> list[str]:
         return [f"{pad}# {s.text}"]
     if isinstance(s, k.Decl):
         kind = f"{s.var.dtype}x{s.var.lanes}" if s.var.lanes > 1 else s.var.dtype
-        return [f"{pad}{s.var.name}: {kind} = {expr(s.value)}"]
+        pinned = "  # in register" if s.in_register else ""
+        return [f"{pad}{s.var.name}: {kind} = {expr(s.value)}{pinned}"]
     if isinstance(s, k.Assign):
         return [f"{pad}{s.var.name} = {expr(s.value)}"]
     if isinstance(s, k.Store):
@@ -84,6 +85,8 @@ def stmt(s: k.Stmt, indent: int = 0) -> list[str]:
         return [f"{pad}free({s.buf})"]
     if isinstance(s, k.Call):
         return [f"{pad}{s.func}({', '.join(expr(a) for a in s.args)})"]
+    if isinstance(s, k.Barrier):
+        return [f"{pad}barrier"]
     if isinstance(s, k.Prefetch):
         return [f"{pad}prefetch({s.buf}[{expr(s.index)}]{', write' if s.write else ''})"]
     if isinstance(s, k.PackSlivers):

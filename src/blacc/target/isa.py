@@ -34,6 +34,9 @@ class Isa:
     #: C helper functions the templates call (e.g. horizontal sums), by name; a
     #: translation unit includes those it uses.
     prelude: dict[str, str] = field(default_factory=dict, hash=False)
+    #: GNU inline-assembly constraint of a vector register (``"x"`` on x86), with which
+    #: the C backend pins a value to a register (``Decl.in_register``); None: not pinned.
+    register_constraint: str | None = None
 
     def lanes(self, dtype: str) -> int:
         """Lanes of one full vector register for ``dtype`` (1 when the ISA has no vectors)."""
@@ -227,6 +230,7 @@ AVX2 = Isa(
     ops=_avx2_ops(),
     narrow={"f32": VectorType("__m128", 4), "f64": VectorType("__m128d", 2)},
     prelude=_AVX2_PRELUDE,
+    register_constraint="x",
 )
 
 #: Plain C with no intrinsics: any CPU, any C compiler. Tiles use scalar

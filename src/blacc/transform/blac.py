@@ -333,7 +333,8 @@ class _Gen:
                     return e
                 if e not in named:
                     var = self.fresh("v", e.lanes)
-                    body.append(k.Decl(var, e))
+                    shared_load = isinstance(e, k.Load) and e.lanes > 1
+                    body.append(k.Decl(var, e, in_register=shared_load))
                     named[e] = var
                 return named[e]
 
@@ -442,7 +443,8 @@ def lower_op(program: ix.Program, op: ix.Op, sched: OpSchedule, isa: Isa,
         if looped <= max(1, sched.unroll // (bv * lanes)):
             looped = 0
 
-        def group(u0: k.Expr, un: int, chunk_group: list[_Chunk], body: list[k.Stmt]) -> None:
+        def group(u0: k.Expr, un: int, chunk_group: list[_Chunk], body: list[k.Stmt],
+                  straight: bool = False) -> None:
             ctxs = [{u: u0 + a, v: c} for a in range(un) for c in chunk_group]
             values = gen.value(op.body, ctxs, body)
             for ctx, val in zip(ctxs, values, strict=True):
@@ -451,6 +453,10 @@ def lower_op(program: ix.Program, op: ix.Op, sched: OpSchedule, isa: Isa,
                 count = k.Const(c.count) if c.masked else None
                 body.append(k.Store(st.buf, st.index(r, col), gen.widen(val, c.width),
                                     count))
+            if straight:
+                # the next block of straight-line code starts afresh: the C compiler
+                # would reuse this block's loads there and keep them live (spilled)
+                body.append(k.Barrier())
 
         def block(u0: k.Expr, un: int, body: list[k.Stmt]) -> None:
             hoisted = None
@@ -463,9 +469,10 @@ def lower_op(program: ix.Program, op: ix.Op, sched: OpSchedule, isa: Isa,
                 inner: list[k.Stmt] = []
                 group(u0, un, [_Chunk(var + b * lanes, lanes, lanes) for b in range(bv)],
                       inner)
+            straight = isinstance(u0, k.Const)  # not in a loop over blocks of rows
             tail: list[k.Stmt] = []  # the vectors after the looped groups
             for c0 in range(looped * bv, len(vchunks), bv):
-                group(u0, un, vchunks[c0:c0 + bv], tail)
+                group(u0, un, vchunks[c0:c0 + bv], tail, straight)
             if looped:
                 spare = isa.registers - block_registers(un, bv, chains)
                 hoisted = _hoist_broadcasts(gen, inner, var, spare, tail)
@@ -476,10 +483,12 @@ def lower_op(program: ix.Program, op: ix.Op, sched: OpSchedule, isa: Isa,
                                   tuple(inner)))
             else:
                 for c0 in range(0, looped * bv, bv):
-                    group(u0, un, vchunks[c0:c0 + bv], body)
+                    group(u0, un, vchunks[c0:c0 + bv], body, straight)
             body += tail
 
         _row_blocks(extent[u], bu, sched.unroll, k.Var(f"{prefix}{u}"), block, stmts)
+        if _shared_fit(stmts, isa.registers - block_registers(bu, bv, chains)):
+            return [s for s in stmts if not isinstance(s, k.Barrier)]
         return stmts
     # scalar outputs per position (the lanes, if any, run along a reduction)
     if sched.pairs:
@@ -590,6 +599,26 @@ def _pair_block(gen: _Gen, op: ix.Op, st: _Storage, u: str, v: str, u0: k.Expr, 
             val = var
         body.append(k.Store(st.buf, index(row.start), k.Half(val, 0)))
         body.append(k.Store(st.buf, index(row.start + 1), k.Half(val, 1)))
+
+
+def _shared_fit(stmts: list[k.Stmt], spare: int) -> bool:
+    """Whether the vectors that several straight-line blocks load alike (``stmts`` split
+    at its barriers: a row of B for blocks of different rows, a broadcast element of A
+    for blocks of different columns) fit in the ``spare`` registers a block leaves. Then
+    the C compiler may keep them in registers from one block to the next (B of
+    ``C(n x 4) = A*B(4x4)``), and the barriers go."""
+    seen: dict[k.Expr, int] = {}
+    block = 0
+    for s in stmts:
+        if isinstance(s, k.Barrier):
+            block += 1
+            continue
+        for e in nodes_of(s, (k.Load, k.Broadcast)):
+            if e.lanes > 1:
+                seen.setdefault(e, block)
+                if seen[e] != block:
+                    seen[e] = -1  # loaded by two blocks
+    return sum(1 for b in seen.values() if b == -1) <= spare
 
 
 def _row_blocks(extent: int, bu: int, unroll: int, var: k.Var,
