@@ -261,22 +261,23 @@ def render(module: k.Module, isa: Isa) -> str:
     protos = [r.signature(f) + ";" for f in module.functions if not f.exported]
     bodies = [r.function(f) for f in module.functions]
     text = "\n".join(bodies)
-    # Empty asm statements, for GNU C compilers only: BLACC_IN_REGISTER(v) takes v in a
-    # vector register, so the compiler cannot fold v's load into each of its uses
-    # (``k.Decl.in_register``); BLACC_BARRIER() is a compiler barrier (``k.Barrier``).
-    pin = isa.register_constraint if "BLACC_IN_REGISTER(" in text else None
-    fence = "BLACC_BARRIER()" in text
+    # Empty asm statements, for GNU C compilers only, defined where used:
+    # BLACC_IN_REGISTER(v) takes v in a vector register, so the compiler cannot fold v's
+    # load into each of its uses (``k.Decl.in_register``); BLACC_BARRIER() is a compiler
+    # barrier (``k.Barrier``).
+    optional = {
+        "BLACC_IN_REGISTER(v)": f'__asm__("" : "+{isa.register_constraint}"(v))',
+        "BLACC_BARRIER()": '__asm__ __volatile__("" ::: "memory")',
+    }
+    used_asm = [macro for macro in optional if macro.split("(")[0] + "(" in text]
     head += ["#if defined(__GNUC__)",
              "#define BLACC_PREFETCH(p, w) __builtin_prefetch((p), (w), 3)",
              "#define BLACC_NOINLINE __attribute__((noinline))",
-             *([f'#define BLACC_IN_REGISTER(v) __asm__("" : "+{pin}"(v))'] if pin else []),
-             *(['#define BLACC_BARRIER() __asm__ __volatile__("" ::: "memory")'] if fence
-               else []),
+             *(f"#define {macro} {optional[macro]}" for macro in used_asm),
              "#else",
              "#define BLACC_PREFETCH(p, w) ((void)0)",
              "#define BLACC_NOINLINE",
-             *(["#define BLACC_IN_REGISTER(v) ((void)0)"] if pin else []),
-             *(["#define BLACC_BARRIER() ((void)0)"] if fence else []),
+             *(f"#define {macro} ((void)0)" for macro in used_asm),
              "#endif"]
     # Helpers in dependency order (the table lists callees first); one may call another.
     used = [name for name in isa.prelude if name in text]
