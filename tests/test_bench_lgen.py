@@ -24,6 +24,7 @@ def _load(name: str):
 
 
 harness = _load("harness")
+bound = _load("bound")
 
 
 def test_cases_and_selection():
@@ -38,6 +39,26 @@ def test_cases_and_selection():
     # LIBXSMM only for the plain products; OpenBLAS chains calls for the multi-call BLACs
     assert c.xsmm_ok is False and harness.Case("micro_smm", 3, "f32").xsmm_ok
     assert "cblas_ddot" in harness.openblas_calls(harness.Case("blinf_nx4", 4, "f64"))[0]
+
+
+def test_throughput_bound():
+    # C(4x4) = A(4x4) B(4x4) f32, 8 lanes: 64 multiplies on 2 FMA pipes take 4 cycles;
+    # 32 elements read on 2 load ports 2 cycles; 16 written on 1 store port 2 cycles
+    smm = harness.Case("smm_4x4_4xn", 4, "f32")
+    assert bound.cycles(smm, 8) == {"multiplies": 4.0, "loads": 2.0, "stores": 2.0}
+    assert bound.flops_per_cycle(smm, 8) == (32.0, "multiplies")  # the FMA peak
+    # alpha = x'*A*y with A 4 x 64: reading A, x and y (324 floats) takes 20.25 cycles
+    blinf = harness.Case("blinf_4xn", 64, "f32")
+    assert bound.flops_per_cycle(blinf, 8) == (blinf.flops / 20.25, "loads")
+    # y = alpha*x + y reads x and y, writes y: 2n / 16 load cycles, n / 8 store cycles
+    axpy = harness.Case("axpy", 16, "f64")
+    assert bound.cycles(axpy, 4) == {"multiplies": 2.0, "loads": 4.0, "stores": 4.0}
+    # adds and scalings are free in the bound, so it passes the FMA peak only by their
+    # share of the flops: none for the plain products, at most x 1.5 (gemam at K = 4)
+    for c in harness.all_cases(quick=True):
+        lanes = 8 if c.dtype == "f32" else 4
+        fpc, _ = bound.flops_per_cycle(c, lanes)
+        assert 0 < fpc <= 4 * lanes * (1.0 if c.blac in ("smm", "smv") else 1.5)
 
 
 @pytest.mark.skipif(shutil.which("gcc") is None and shutil.which("cc") is None,
