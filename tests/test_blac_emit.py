@@ -273,6 +273,37 @@ def test_a_vector_shared_by_a_register_tile_is_loaded_once(tmp_path):
     assert not re.search(r"\(%r[sb]p\)", asm), "the kernel spills to the stack"
 
 
+def _row_loop(rows: int, cols: int, block: tuple[int, int]):
+    """The loop over blocks of rows of ``C(rows x cols) = A(rows x 4)*B(4 x cols)`` f32
+    lowered with ``block`` (vectors along the columns)."""
+    from blacc.ir import kernel as kir
+    from blacc.ir.walk import nodes_of
+    from blacc.transform.blac import build_module, candidates
+
+    p = plan("C = A*B", target="avx2", A=M(rows, 4), B=M(4, cols), C=M(rows, cols))
+    op = p.indexed.ops[0]
+    sched = next(s for s in candidates(p.indexed, op, p.isa)
+                 if s.block == block and s.vector == op.dims[1] and not s.pairs)
+    module = build_module(p.indexed, p.specs, (sched,), p.isa, "k")
+    loops = nodes_of(module, kir.For)
+    assert len(loops) == 1, printer.module(module)
+    return loops[0]
+
+
+def test_a_row_loop_reloads_b_only_when_b_would_not_fit_in_registers():
+    """In a loop over blocks of rows the C compiler hoists the loads of B out of the loop;
+    where they do not fit in the registers a block leaves it spills them (4 x 3 blocks of
+    C(24x24) = A*B(4x24) f32: 12 vectors of B next to 12 accumulators), so the loop body
+    starts with a barrier and loads them again. B(4x8) next to 2 x 1 blocks fits."""
+    from blacc.ir import kernel as kir
+
+    spills = _row_loop(24, 24, (4, 3))
+    assert isinstance(spills.body[0], kir.Barrier)
+    assert sum(isinstance(s, kir.Barrier) for s in spills.body) == 1
+    fits = _row_loop(24, 8, (2, 1))
+    assert not any(isinstance(s, kir.Barrier) for s in fits.body)
+
+
 def test_blocks_keep_shared_loads_only_when_they_fit_in_registers():
     """Straight-line blocks are separated by compiler barriers only where the vectors they
     load alike would not fit in registers next to a block: B(4x4) of C(12x4) = A*B (four

@@ -35,7 +35,7 @@ vector, and two rows are one 256-bit access only where they are contiguous in me
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..errors import ScheduleError
 from ..ir import indexed as ix
@@ -486,10 +486,13 @@ def lower_op(program: ix.Program, op: ix.Op, sched: OpSchedule, isa: Isa,
                     group(u0, un, vchunks[c0:c0 + bv], body, straight)
             body += tail
 
-        _row_blocks(extent[u], bu, sched.unroll, k.Var(f"{prefix}{u}"), block, stmts)
-        if _shared_fit(stmts, isa.registers - block_registers(bu, bv, chains)):
-            return [s for s in stmts if not isinstance(s, k.Barrier)]
-        return stmts
+        row = k.Var(f"{prefix}{u}")
+        _row_blocks(extent[u], bu, sched.unroll, row, block, stmts)
+        spare = isa.registers - block_registers(bu, bv, chains)
+        if _shared_fit(stmts, spare):
+            stmts = [s for s in stmts if not isinstance(s, k.Barrier)]
+        return [_reload_per_iteration(s, spare) if isinstance(s, k.For) and s.var == row
+                else s for s in stmts]
     # scalar outputs per position (the lanes, if any, run along a reduction)
     if sched.pairs:
         raise ScheduleError("two rows per vector need the lanes on an output dimension")
@@ -619,6 +622,22 @@ def _shared_fit(stmts: list[k.Stmt], spare: int) -> bool:
                 if seen[e] != block:
                     seen[e] = -1  # loaded by two blocks
     return sum(1 for b in seen.values() if b == -1) <= spare
+
+
+def _reload_per_iteration(loop: k.For, spare: int) -> k.For:
+    """``loop`` over blocks of rows, starting with a barrier when the vectors its body
+    loads alike in every iteration (the rows of B) do not fit in the ``spare``
+    registers a block leaves. The C compiler would hoist those loads out of the loop
+    and spill them; after a barrier each iteration loads them again, from L1.
+    (Broadcasts are not counted: C compilers leave them in a loop that stores.)"""
+    inside = {loop.var.name, *(s.var.name for s in nodes_of(loop.body,
+                                                             (k.Decl, k.Assign, k.For)))}
+    invariant = {e for s in loop.body if not isinstance(s, k.For)
+                 for e in nodes_of(s, k.Load)
+                 if e.lanes > 1 and not names_used(e.index) & inside}
+    if len(invariant) <= spare:
+        return loop
+    return replace(loop, body=(k.Barrier(), *loop.body))
 
 
 def _row_blocks(extent: int, bu: int, unroll: int, var: k.Var,
