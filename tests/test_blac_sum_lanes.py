@@ -23,7 +23,7 @@ from blacc.ir import kernel as k
 from blacc.ir.walk import nodes_of
 from blacc.strategy.small import choose
 from blacc.target.isa import AVX2
-from blacc.transform.blac import build_module, candidates
+from blacc.transform.blac import OpSchedule, build_module, candidates
 from blacc.transform.index_notation import forms
 from blacc.transform.sum_lanes import batch_row_sums, one_sum
 from guard import run_isolated
@@ -242,9 +242,12 @@ MERGED = {
                          k.Bin("*", HS(_vec("b")), _sc("beta"))),
     "three": k.Bin("+", k.Bin("+", HS(_vec("a")), HS(_vec("b"))),
                    k.Bin("*", _sc("beta"), HS(_vec("c")))),
+    # the wider sum is folded (its halves added) to the narrower one's width
+    "widths differ": k.Bin("+", HS(_vec("a")), HS(_vec("w", 8))),
+    "widths differ, scaled": k.Bin("+", k.Bin("*", _sc("alpha"), HS(_vec("w", 8))),
+                                   k.Bin("*", HS(_vec("b")), _sc("beta"))),
 }
 KEPT = {
-    "widths differ": k.Bin("+", HS(_vec("a")), HS(_vec("w", 8))),
     "scale is a sum": k.Bin("+", k.Bin("*", HS(_vec("c")), HS(_vec("a"))), HS(_vec("b"))),
     "fma of sums": k.Fma(HS(_vec("c")), HS(_vec("b")), HS(_vec("a"))),
     "one sum": k.Bin("+", HS(_vec("a")), _sc("beta")),
@@ -280,6 +283,22 @@ def test_one_sum_adds_before_the_horizontal_sum(name):
 @pytest.mark.parametrize("name", list(KEPT))
 def test_one_sum_leaves_what_is_not_a_sum_of_sums(name):
     assert one_sum(KEPT[name]) == KEPT[name]
+
+
+def test_rows_of_mixed_widths_are_summed_in_pairs():
+    """y = A*x with A 6 x 6 f64: each row is a vector of 4 and one of 2; their sums join
+    (the 4 folded to 2) and two rows are summed and stored at once, Eigen's way."""
+    p = plan("y = A*x", target="avx2", A=blacc.Matrix(6, 6, "f64"), x=blacc.Vector(6, "f64"),
+             y=blacc.Vector(6, "f64"))
+    module = build_module(p.indexed, p.specs, (OpSchedule("k1", (1, 1)),), AVX2, "pk")
+    stores_of_y = [s for s in nodes_of(module, k.Store) if s.buf == "y"]
+    assert len(stores_of_y) == 3 and all(s.value.lanes == 2 for s in stores_of_y)
+    assert len(nodes_of(module, k.SumLanes)) == 3
+    rng = np.random.default_rng(3)
+    A, x = rng.uniform(-1, 1, (6, 6)), rng.uniform(-1, 1, 6)
+    y = np.zeros(6)
+    interp.run(module, {"A": A.ravel(), "x": x, "y": y})
+    np.testing.assert_allclose(y, A @ x, rtol=1e-12)
 
 
 @pytest.mark.parametrize("dtype", ["f32", "f64"])

@@ -18,9 +18,11 @@ statement takes the place of the group's last store; the stores before it are dr
 which is safe because nothing between them touches the output or reassigns what their
 values read.
 
-Before grouping, a row that adds several horizontal sums of one width gets one
-(``one_sum``): ``y = alpha*A*x + beta*B*x`` ends every row in
-``alpha*hsum(a) + beta*hsum(b)``, which becomes ``hsum(alpha*a + beta*b)``.
+Before grouping, a row that adds several horizontal sums gets one (``one_sum``):
+``y = alpha*A*x + beta*B*x`` ends every row in ``alpha*hsum(a) + beta*hsum(b)``, which
+becomes ``hsum(alpha*a + beta*b)``; a row of 6 f64 (a vector of 4 and one of 2) ends in
+``hsum(a) + hsum(b)``, which becomes ``hsum(lo(a) + hi(a) + b)``, and rows like it then
+group into vectors of 2.
 """
 
 from __future__ import annotations
@@ -56,14 +58,12 @@ def batch_row_sums(body: tuple[k.Stmt, ...], isa: Isa) -> tuple[k.Stmt, ...]:
 
 
 def _scaled_sum(e: k.Expr) -> tuple[k.Expr | None, k.Expr] | None:
-    """``hsum(v)`` -> (None, v); ``s * hsum(v)`` with a scalar ``s`` -> (s, v). Only for
-    ``v`` of 4 lanes or more: the sum of 2 lanes is one shuffle and one add, no more
-    than scaling and adding the vectors first."""
-    if isinstance(e, k.Reduce) and e.x.lanes >= 4:
+    """``hsum(v)`` -> (None, v); ``s * hsum(v)`` with a scalar ``s`` -> (s, v)."""
+    if isinstance(e, k.Reduce) and e.x.lanes >= 2:
         return None, e.x
     if isinstance(e, k.Bin) and e.op == "*":
         for s, r in ((e.a, e.b), (e.b, e.a)):
-            if (isinstance(r, k.Reduce) and r.x.lanes >= 4 and s.lanes == 1
+            if (isinstance(r, k.Reduce) and r.x.lanes >= 2 and s.lanes == 1
                     and not nodes_of(s, k.Reduce)):
                 return s, r.x
     return None
@@ -73,15 +73,26 @@ def _scaled(scale: k.Expr | None, v: k.Expr) -> k.Expr:
     return v if scale is None else k.Bin("*", k.Broadcast(scale, v.lanes), v)
 
 
+def _folded(v: k.Expr, lanes: int) -> k.Expr:
+    """``v`` with its halves added until it has ``lanes`` lanes (the same sum)."""
+    while v.lanes > lanes:
+        v = k.Bin("+", k.Half(v, 0), k.Half(v, 1))
+    return v
+
+
 def _joined(x: k.Expr, y: k.Expr) -> k.Expr | None:
-    """``x + y`` as one horizontal sum when both are (scaled) sums of one width."""
+    """``x + y`` as one horizontal sum when both are (scaled) sums, the wider one of 4
+    lanes or more (two sums of 2 lanes are a shuffle and an add each: no more than
+    scaling and adding the vectors first). A wider sum is folded to the narrower
+    width; widths are powers of two."""
     sx, sy = _scaled_sum(x), _scaled_sum(y)
-    if sx is None or sy is None or sx[1].lanes != sy[1].lanes:
+    if sx is None or sy is None or max(sx[1].lanes, sy[1].lanes) < 4:
         return None
-    scale, v = sx
+    lanes = min(sx[1].lanes, sy[1].lanes)
+    (scale, v), w = (sx[0], _folded(sx[1], lanes)), _scaled(sy[0], _folded(sy[1], lanes))
     if scale is None:
-        return k.Reduce(k.Bin("+", v, _scaled(*sy)))
-    return k.Reduce(k.Fma(k.Broadcast(scale, v.lanes), v, _scaled(*sy)))
+        return k.Reduce(k.Bin("+", v, w))
+    return k.Reduce(k.Fma(k.Broadcast(scale, lanes), v, w))
 
 
 def one_sum(e: k.Expr) -> k.Expr:
