@@ -301,6 +301,27 @@ def test_rows_of_mixed_widths_are_summed_in_pairs():
     np.testing.assert_allclose(y, A @ x, rtol=1e-12)
 
 
+@pytest.mark.parametrize("n, dtype, lanes", [(5, "f32", 4), (7, "f64", 2), (9, "f32", 1)])
+def test_a_last_element_joins_the_narrowest_vectors(n, dtype, lanes):
+    """y = A*x with rows of 5 f32 (4 + 1) or 7 f64 (4 + 2 + 1): the last element is one
+    lane of the narrowest vector, already used by the row, so the row ends in one
+    horizontal sum and rows are summed ``lanes`` at a time. Rows of 9 f32 (8 + 1) would
+    need a new width: the last element stays a scalar product."""
+    p = plan("y = A*x", target="avx2", A=blacc.Matrix(n, n, dtype), x=blacc.Vector(n, dtype),
+             y=blacc.Vector(n, dtype))
+    module = build_module(p.indexed, p.specs, (OpSchedule("k1", (1, 1)),), AVX2, "pk")
+    scalar_products = [e for e in nodes_of(module, k.Bin)
+                       if e.op == "*" and e.lanes == 1 and isinstance(e.a, k.Load)]
+    assert bool(scalar_products) == (lanes == 1)
+    if lanes > 1:
+        assert {s.value.lanes for s in nodes_of(module, k.Store) if s.buf == "y"} >= {lanes}
+    rng = np.random.default_rng(n)
+    A, x = rng.uniform(-1, 1, (n, n)), rng.uniform(-1, 1, n)
+    y = np.zeros(n, NP[dtype])
+    interp.run(module, {"A": A.ravel().astype(NP[dtype]), "x": x.astype(NP[dtype]), "y": y})
+    np.testing.assert_allclose(y, A @ x, rtol=1e-5 if dtype == "f32" else 1e-12)
+
+
 @pytest.mark.parametrize("dtype", ["f32", "f64"])
 def test_planner_sums_each_gesummv_row_once(dtype):
     """y = alpha*A*x + beta*B*x, 16 x 4: one transpose-and-add per four rows, not two, in

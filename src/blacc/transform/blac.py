@@ -286,6 +286,14 @@ class _Gen:
         vectorized = node.index == self.s.vector
         pieces = (chunks(node.extent, self.isa.widths(self.dt)) if vectorized
                   else [_Chunk(i, 1, 1) for i in range(node.extent)])
+        narrow = min((w for w in self.isa.widths(self.dt) if w > 1), default=1)
+        if (vectorized and pieces[-1].width == 1
+                and any(c.width == narrow for c in pieces)):
+            # a last single element joins the accumulators of the narrowest vector
+            # (f32 4 + 1 as 4 + 4 with one lane): the row then ends in one horizontal
+            # sum, taken for several rows at once (sum_lanes), not in a sum plus a
+            # scalar chain; a new accumulator width for it would cost more than it saves
+            pieces[-1] = _Chunk(pieces[-1].start, narrow, 1)
         if vectorized and not _zero_padded(node.body, node.index):
             raise ScheduleError(f"sum over {node.index!r} cannot run on lanes: a term does "
                                 "not vanish on masked lanes")
