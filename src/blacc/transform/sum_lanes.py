@@ -89,7 +89,8 @@ def _joined(x: k.Expr, y: k.Expr) -> k.Expr | None:
     if sx is None or sy is None or max(sx[1].lanes, sy[1].lanes) < 4:
         return None
     lanes = min(sx[1].lanes, sy[1].lanes)
-    (scale, v), w = (sx[0], _folded(sx[1], lanes)), _scaled(sy[0], _folded(sy[1], lanes))
+    scale, v = sx[0], _folded(sx[1], lanes)
+    w = _scaled(sy[0], _folded(sy[1], lanes))
     if scale is None:
         return k.Reduce(k.Bin("+", v, w))
     return k.Reduce(k.Fma(k.Broadcast(scale, lanes), v, w))
