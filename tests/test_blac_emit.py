@@ -23,8 +23,11 @@ import pytest
 
 import blacc
 from blacc.blacs import plan
+from blacc.ir import kernel as kir
 from blacc.ir import printer
+from blacc.ir.walk import nodes_of
 from blacc.target.machine import detect_machine
+from blacc.transform.blac import build_module, candidates
 from test_blac_programs import (
     SENTINEL,
     assert_matches,
@@ -276,10 +279,6 @@ def test_a_vector_shared_by_a_register_tile_is_loaded_once(tmp_path):
 def _row_loop(rows: int, cols: int, block: tuple[int, int]):
     """The loop over blocks of rows of ``C(rows x cols) = A(rows x 4)*B(4 x cols)`` f32
     lowered with ``block`` (vectors along the columns)."""
-    from blacc.ir import kernel as kir
-    from blacc.ir.walk import nodes_of
-    from blacc.transform.blac import build_module, candidates
-
     p = plan("C = A*B", target="avx2", A=M(rows, 4), B=M(4, cols), C=M(rows, cols))
     op = p.indexed.ops[0]
     sched = next(s for s in candidates(p.indexed, op, p.isa)
@@ -295,8 +294,6 @@ def test_a_row_loop_reloads_b_only_when_b_would_not_fit_in_registers():
     where they do not fit in the registers a block leaves it spills them (4 x 3 blocks of
     C(24x24) = A*B(4x24) f32: 12 vectors of B next to 12 accumulators), so the loop body
     starts with a barrier and loads them again. B(4x8) next to 2 x 1 blocks fits."""
-    from blacc.ir import kernel as kir
-
     spills = _row_loop(24, 24, (4, 3))
     assert isinstance(spills.body[0], kir.Barrier)
     assert sum(isinstance(s, kir.Barrier) for s in spills.body) == 1

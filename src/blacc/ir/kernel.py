@@ -416,7 +416,9 @@ class Barrier(Stmt):
     """A compiler barrier: no memory access moves across it, and a value loaded before it
     is loaded again after it. Between the straight-line register blocks of a small kernel
     it keeps gcc from reusing one block's loads in a later block (a row of B shared by
-    blocks of different rows), which keeps them live across blocks and spills them."""
+    blocks of different rows), which keeps them live across blocks and spills them; at
+    the top of a loop over blocks of rows it keeps gcc from hoisting those loads out of
+    the loop, with the same result."""
 
 
 # ----------------------------------------------------------------------------- tile operations

@@ -33,10 +33,13 @@ from .pycall import compile_extension
 __all__ = ["CHECK_OVERLAP", "GIL_RELEASE_FLOPS", "MAY_OVERLAP", "SWAP", "TRANS_A", "TRANS_B",
            "UNIT_A", "UNIT_B", "UNIT_C", "gemm_caller", "caller_source"]
 
-#: Flags of the extension's optional last argument (the same numbers as in its C).
+#: Flags of the extension's optional last argument (its C gets them as #defines).
 TRANS_A, TRANS_B, SWAP, UNIT_A, UNIT_B, UNIT_C, CHECK_OVERLAP = 1, 2, 4, 8, 16, 32, 64
 #: What the extension returns, without calling the kernel, when C may overlap A or B.
 MAY_OVERLAP = -2
+_DEFINES = {"TRANS_A": TRANS_A, "TRANS_B": TRANS_B, "SWAP": SWAP, "UNIT_A": UNIT_A,
+            "UNIT_B": UNIT_B, "UNIT_C": UNIT_C, "CHECK_OVERLAP": CHECK_OVERLAP,
+            "MAY_OVERLAP": MAY_OVERLAP}
 
 #: Release the GIL when m*n*k is at least this: below it the product takes less time
 #: than releasing and re-taking the lock.
@@ -46,16 +49,6 @@ _TEMPLATE = r"""
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
-
-/* flags of the optional last argument (the fast path of runtime.gemm) */
-#define TRANS_A 1
-#define TRANS_B 2
-#define SWAP 4
-#define UNIT_A 8
-#define UNIT_B 16
-#define UNIT_C 32
-#define CHECK_OVERLAP 64
-#define MAY_OVERLAP -2
 
 /* Shape and byte strides of a 2-D buffer, transposed when asked. */
 static void view(const Py_buffer *v, long transposed, Py_ssize_t *shape, Py_ssize_t *strides) {
@@ -188,7 +181,8 @@ PyMODINIT_FUNC PyInit_@NAME@(void) { return PyModule_Create(&module); }
 
 def caller_source(module_name: str) -> str:
     """The extension's C source, for a module called ``module_name``."""
-    return (f"#define GIL_RELEASE_FLOPS {GIL_RELEASE_FLOPS}.0\n"
+    defines = "".join(f"#define {name} ({value})\n" for name, value in _DEFINES.items())
+    return (f"#define GIL_RELEASE_FLOPS {GIL_RELEASE_FLOPS}.0\n" + defines
             + _TEMPLATE.replace("@NAME@", module_name))
 
 

@@ -34,7 +34,7 @@ vector, and two rows are one 256-bit access only where they are contiguous in me
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 
 from ..errors import ScheduleError
@@ -519,6 +519,12 @@ def lower_op(program: ix.Program, op: ix.Op, sched: OpSchedule, isa: Isa,
     return stmts
 
 
+def _set_inside(var: k.Var, body: Sequence[k.Stmt]) -> set[str]:
+    """The names of the variables a loop over ``var`` with ``body`` sets, its own included:
+    what an expression must not read to be the same in every iteration."""
+    return {var.name, *(s.var.name for s in nodes_of(tuple(body), (k.Decl, k.Assign, k.For)))}
+
+
 def _hoist_broadcasts(gen: _Gen, body: list[k.Stmt], var: k.Var, budget: int,
                       after: list[k.Stmt]
                       ) -> tuple[list[k.Stmt], list[k.Stmt], list[k.Stmt]] | None:
@@ -528,8 +534,7 @@ def _hoist_broadcasts(gen: _Gen, body: list[k.Stmt], var: k.Var, budget: int,
     after it takes the low half), or None when there are more than ``budget``. C
     compilers do not hoist a broadcast-load intrinsic out of a loop that stores."""
     written = {s.buf for s in nodes_of(tuple(body), k.Store)}  # buffers stored to inside
-    # the variables set inside the loop, its own included
-    inside = {var.name, *(s.var.name for s in nodes_of(tuple(body), (k.Decl, k.Assign, k.For)))}
+    inside = _set_inside(var, body)
     found: dict[k.Expr, k.Var] = {}
 
     def visit(x: object) -> object:
@@ -638,8 +643,7 @@ def _reload_per_iteration(loop: k.For, spare: int) -> k.For:
     registers a block leaves. The C compiler would hoist those loads out of the loop
     and spill them; after a barrier each iteration loads them again, from L1.
     (Broadcasts are not counted: C compilers leave them in a loop that stores.)"""
-    inside = {loop.var.name, *(s.var.name for s in nodes_of(loop.body,
-                                                             (k.Decl, k.Assign, k.For)))}
+    inside = _set_inside(loop.var, loop.body)
     invariant = {e for s in loop.body if not isinstance(s, k.For)
                  for e in nodes_of(s, k.Load)
                  if e.lanes > 1 and not names_used(e.index) & inside}
