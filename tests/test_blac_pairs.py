@@ -1,5 +1,6 @@
 """Two rows per vector (``OpSchedule.pairs``): outputs half a vector wide (4 f32 or 2 f64
-columns on AVX2) computed two rows per 256-bit register.
+columns on AVX2), or sums on lanes over half a vector (``y = A*x``, A n x 4 f32),
+computed two rows per 256-bit register.
 
 * the half-vector IR nodes (``Halves``, ``HalfSplat``, ``Half``) in the interpreter, the
   printer, the C backend and the LLVM backend, against each other;
@@ -30,6 +31,7 @@ from blacc.blacs import plan
 from blacc.errors import ScheduleError
 from blacc.ir import interp, printer
 from blacc.ir import kernel as k
+from blacc.ir.walk import nodes_of
 from blacc.target.isa import AVX2, GENERIC
 from blacc.target.machine import detect_machine
 from blacc.transform.blac import OpSchedule, build_module, candidates
@@ -159,6 +161,12 @@ PROGRAMS = {
         A=M(m, kk, dt, layout="col", ld=m + pad), B=M(kk, h, dt), C=M(m, h, dt))),
     "chain": ("D = A*B*C", lambda m, kk, h, dt, pad: dict(
         A=M(m, kk, dt), B=M(kk, h, dt), C=M(h, h, dt), D=M(m, h, dt))),
+    # rows of A half a vector long, summed on lanes: two rows per vector in the sums
+    "matvec": ("y = A*x", lambda m, kk, h, dt, pad: dict(
+        A=M(m, h, dt), x=V(h, dt), y=V(m, dt))),
+    "gesummv_ld": ("y = alpha*A*x + beta*B*x - y", lambda m, kk, h, dt, pad: dict(
+        A=M(m, h, dt, ld=h + pad), B=M(m, h, dt), x=V(h, dt), y=V(m, dt), alpha=S(dt),
+        beta=S(dt))),
 }
 
 
@@ -199,8 +207,10 @@ def test_every_pair_schedule_in_the_interpreter(name, m, kk, dtype):
         built += 1
         got = run_interp(module, p.specs, p.typed, values, slack=0)
         assert_matches(p.typed, values, got, f"{name} {m}x{kk} {dtype} {schedule}")
-    # B' has no unit stride along C's rows: nothing vectorizes them, paired or not
-    assert built >= 1 + (len(scheds) > 0 and name != "matmul_nt")
+    # B' has no unit stride along C's rows: nothing vectorizes them, paired or not; A'
+    # (col_out) has none along its sum, where a one-row output is offered pairs
+    unbuildable = name == "matmul_nt" or (name == "col_out" and m == 1)
+    assert built >= 1 + (len(scheds) > 0 and not unbuildable)
 
 
 def test_pairs_are_offered_only_for_half_width_outputs():
@@ -229,6 +239,16 @@ def test_the_model_pairs_rows_of_narrow_products(m, kk, dtype):
     assert "_mm256_permute_p" in src and "_mm256_broadcast_p" in src
 
 
+@pytest.mark.parametrize(("m", "dtype"), [(16, "f32"), (64, "f32"), (100, "f32"), (64, "f64")])
+def test_the_model_pairs_rows_of_short_sums(m, dtype):
+    """y = A*x with rows half a vector long: two rows per multiply, one 256-bit load of
+    contiguous rows, and eight (f32) or four (f64) rows summed by one transpose."""
+    h = HALF[dtype]
+    p = plan("y = A*x", target="avx2", A=M(m, h, dtype), x=V(h, dtype), y=V(m, dtype))
+    assert p.schedule[0].pairs and p.schedule[0].vector not in ("i", "j"), p.schedule
+    assert AVX2.op("sum_halves", dtype).split("(")[0] in p.source
+
+
 # ----------------------------------------------------------------------------- compiled
 
 COMPILED_CASES = [
@@ -238,7 +258,8 @@ COMPILED_CASES = [
     ("gemm_ld", 5, 5, "f32"), ("gemm_ld", 3, 2, "f64"), ("sum_t_gemm", 5, 4, "f32"),
     ("outer", 5, 1, "f32"), ("col_out", 7, 3, "f32"), ("col_out", 5, 2, "f64"),
     ("col_a", 5, 4, "f32"), ("chain", 7, 4, "f64"), ("matmul", 37, 4, "f32"),
-    ("gemm", 23, 17, "f64"),
+    ("gemm", 23, 17, "f64"), ("matvec", 19, 0, "f32"), ("matvec", 9, 0, "f64"),
+    ("gesummv_ld", 13, 0, "f32"), ("gesummv_ld", 6, 0, "f64"),
 ]
 
 
@@ -319,8 +340,10 @@ def test_pair_kernels_compiled_against_guard_pages(tmp_path, name, m, kk, dtype)
     fns = []
     for schedule, module in modules.items():
         fns.append((schedule, "c", _c_function(tmp_path, module)))
-        if not any(isinstance(x, k.Local) for x in module.function("pk").body):
-            # (the LLVM backend has no stack temporaries, which chained products use)
+        if not (any(isinstance(x, k.Local) for x in module.function("pk").body)
+                or nodes_of(module, (k.Reduce, k.SumLanes))):
+            # (the LLVM backend, used for GEMM, has no stack temporaries, which chained
+            # products use, and no horizontal sums)
             fns.append((schedule, "llvm", _llvm_function(module)))
 
     def body() -> None:

@@ -32,46 +32,57 @@ from test_blac_pairs import _c_function, needs_native
 from test_blac_programs import NP, assert_matches, make_values, seed_of
 
 M, V, S = blacc.Matrix, blacc.Vector, blacc.Scalar
-WIDTHS = [("f32", 4), ("f32", 8), ("f64", 2), ("f64", 4)]
+#: (dtype, lanes, rows per vector): a row per vector at every width, and rows of half
+#: a vector two per 256-bit vector
+WIDTHS = [("f32", 4, 1), ("f32", 8, 1), ("f64", 2, 1), ("f64", 4, 1), ("f32", 8, 2),
+          ("f64", 4, 2)]
 
 
-def _node_module(dtype: str, n: int) -> k.Module:
-    """out[0:n] = sumlanes(x[0:n], x[n:2n], ...)."""
-    xs = tuple(k.Load("x", k.Const(r * n), dtype, n) for r in range(n))
+def _node_module(dtype: str, n: int, per: int = 1) -> k.Module:
+    """out[0:n] = sumlanes(x[0:n], x[n:2n], ...), ``per`` rows in each of the n / per
+    vectors."""
+    xs = tuple(k.Load("x", k.Const(r * n), dtype, n) for r in range(n // per))
     body = (k.Store("out", k.Const(0), k.SumLanes(xs)),)
     params = (k.Param("x", dtype, pointer=True, const=True), k.Param("out", dtype, pointer=True))
     return k.Module((k.Function("f", params, body, exported=True),), "f")
 
 
-def _inputs(dtype: str, n: int) -> tuple[np.ndarray, np.ndarray]:
-    x = (np.arange(n * n) % 7 - 3 + np.arange(n * n) / 8).astype(NP[dtype])
-    return x, x.reshape(n, n).sum(axis=1)
+def _inputs(dtype: str, n: int, per: int = 1) -> tuple[np.ndarray, np.ndarray]:
+    size = n * n // per
+    x = (np.arange(size) % 7 - 3 + np.arange(size) / 8).astype(NP[dtype])
+    return x, x.reshape(n, n // per).sum(axis=1)
 
 
 def test_sum_lanes_checks_its_operands():
     x4 = k.Load("x", k.Const(0), "f32", 4)
-    with pytest.raises(ValueError, match="SumLanes"):
-        k.SumLanes((x4, x4))  # 2 vectors of 4 lanes
+    x2 = k.Load("x", k.Const(0), "f64", 2)
     with pytest.raises(ValueError, match="SumLanes"):
         k.SumLanes((x4,) * 3)
+    with pytest.raises(ValueError, match="SumLanes"):
+        k.SumLanes((x4,))  # one vector
+    with pytest.raises(ValueError, match="SumLanes"):
+        k.SumLanes((x4, x2))
     assert k.SumLanes((x4,) * 4).lanes == 4
+    assert k.SumLanes((x4, x4)).lanes == 4 and k.SumLanes((x4, x4)).rows_per_vector == 2
 
 
-@pytest.mark.parametrize(("dtype", "n"), WIDTHS)
-def test_sum_lanes_in_the_interpreter(dtype, n):
-    x, want = _inputs(dtype, n)
+@pytest.mark.parametrize(("dtype", "n", "per"), WIDTHS)
+def test_sum_lanes_in_the_interpreter(dtype, n, per):
+    x, want = _inputs(dtype, n, per)
     out = np.zeros(n, NP[dtype])
-    interp.run(_node_module(dtype, n), {"x": x, "out": out})
+    interp.run(_node_module(dtype, n, per), {"x": x, "out": out})
     np.testing.assert_allclose(out, want, rtol=1e-6)
 
 
 @needs_native
-@pytest.mark.parametrize(("dtype", "n"), WIDTHS)
-def test_sum_lanes_compiled(tmp_path, dtype, n):
-    module = _node_module(dtype, n)
-    assert "hadd" in c_backend.render(module, AVX2)
+@pytest.mark.parametrize(("dtype", "n", "per"), WIDTHS)
+def test_sum_lanes_compiled(tmp_path, dtype, n, per):
+    module = _node_module(dtype, n, per)
+    op = "sum_lanes" if per == 1 else "sum_halves"
+    helper = AVX2.op(op, dtype, n).split("(")[0]  # the target's transpose-and-add
+    assert helper in c_backend.render(module, AVX2)
     fn = _c_function(tmp_path, module)
-    x, want = _inputs(dtype, n)
+    x, want = _inputs(dtype, n, per)
     out = np.zeros(n + 1, NP[dtype])  # one element more: it must stay untouched
     assert fn(x.ctypes.data, out.ctypes.data) == 0
     np.testing.assert_allclose(out[:n], want, rtol=1e-6)
@@ -126,6 +137,49 @@ def test_pass_uses_full_vectors_for_eight_rows():
     assert _stores(batch_row_sums(tuple(_rows(4, dtype="f64", lanes=4)), AVX2)) == [(0, 4)]
     assert _stores(batch_row_sums(tuple(_rows(3, dtype="f64", lanes=2)), AVX2)) == [
         (0, 2), (2, 1)]
+
+
+def _paired_rows(nrows: int, dtype: str, half: int, *, mixed: bool = False) -> list[k.Stmt]:
+    """Two rows per vector: acc_q = x[q*2h : ...]; y[2q + h] = alpha * hsum(half h of
+    acc_q) + y[2q + h] (``mixed``: the last high half replaced by another vector's)."""
+    out: list[k.Stmt] = []
+    alpha = k.Var("alpha", dtype)
+    for q in range(nrows // 2):
+        out.append(k.Decl(_acc(q, dtype, 2 * half), k.Load("x", k.Const(2 * q * half), dtype,
+                                                         2 * half)))
+    for r in range(nrows):
+        acc = _acc(r // 2, dtype, 2 * half)
+        if mixed and r == nrows - 1:
+            acc = _acc(0, dtype, 2 * half)
+        value = k.Fma(alpha, k.Reduce(k.Half(acc, r % 2)), k.Load("y", k.Const(r), dtype))
+        out.append(k.Store("y", k.Const(r), value))
+    return out
+
+
+@pytest.mark.parametrize(("dtype", "half"), [("f32", 4), ("f64", 2)])
+def test_pass_sums_rows_held_two_per_vector_at_once(dtype, half):
+    rows = _paired_rows(2 * half, dtype, half)
+    body = batch_row_sums(tuple(rows), AVX2)
+    assert _stores(body) == [(0, 2 * half)]
+    sums = next(s for s in body if isinstance(s, k.Store)).value.b
+    assert isinstance(sums, k.SumLanes) and sums.rows_per_vector == 2
+    assert sums.xs == tuple(_acc(q, dtype, 2 * half) for q in range(half))
+    # the same values as the scalar rows, in the interpreter
+    params = (k.Param("x", dtype, pointer=True, const=True), k.Param("y", dtype, pointer=True),
+              k.Param("alpha", dtype))
+    n = 2 * half
+    x = (np.arange(n * half) % 5 - 2 + np.arange(n * half) / 16).astype(NP[dtype])
+    got = []
+    for stmts in (tuple(rows), body):
+        y = np.arange(n, dtype=NP[dtype])
+        module = k.Module((k.Function("f", params, stmts, exported=True),), "f")
+        interp.run(module, {"x": x, "y": y, "alpha": 1.5})
+        got.append(y)
+    np.testing.assert_allclose(got[1], got[0], rtol=1e-6)
+    # a high half of another vector: not two rows of one, so no pairwise sum
+    mixed = batch_row_sums(tuple(_paired_rows(2 * half, dtype, half, mixed=True)), AVX2)
+    assert not any(isinstance(e, k.SumLanes) and e.rows_per_vector == 2
+                   for e in nodes_of(mixed, k.SumLanes))
 
 
 @pytest.mark.parametrize("breaker", ["reads y", "writes y", "reassigns", "gap", "differs",
@@ -324,8 +378,9 @@ def test_a_last_element_joins_the_narrowest_vectors(n, dtype, lanes):
 
 @pytest.mark.parametrize("dtype", ["f32", "f64"])
 def test_planner_sums_each_gesummv_row_once(dtype):
-    """y = alpha*A*x + beta*B*x, 16 x 4: one transpose-and-add per four rows, not two, in
-    every index form (fused: one_sum joins the two sums; x scaled once: one merged sum)."""
+    """y = alpha*A*x + beta*B*x, 16 x 4: one transpose-and-add per vector of rows stored,
+    not two, in every index form (fused: one_sum joins the two sums; x scaled once: one
+    merged sum)."""
     decls = PROGRAMS[2][1](16, 4, dtype)
     p = plan(PROGRAMS[2][0], target="avx2", **decls)
     all_forms = forms(p.typed)
@@ -333,4 +388,5 @@ def test_planner_sums_each_gesummv_row_once(dtype):
     for form in all_forms:
         module = build_module(form, p.specs, choose(form, p.specs, AVX2), AVX2, "pk")
         stores_of_y = [s for s in nodes_of(module, k.Store) if s.buf == "y"]
-        assert len(nodes_of(module, k.SumLanes)) == len(stores_of_y) == 16 // 4
+        sums = nodes_of(module, k.SumLanes)
+        assert len(sums) == len(stores_of_y) and sum(e.lanes for e in sums) == 16

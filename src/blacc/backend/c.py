@@ -88,7 +88,8 @@ class _Renderer:
             return self.isa.op("hsum", e.dtype, e.x.lanes).format(x=self.expr(e.x))
         if isinstance(e, k.SumLanes):
             xs = {f"x{i}": self.expr(x) for i, x in enumerate(e.xs)}
-            return self.isa.op("sum_lanes", e.dtype, e.lanes).format(**xs)
+            name = "sum_lanes" if e.rows_per_vector == 1 else "sum_halves"
+            return self.isa.op(name, e.dtype, e.lanes).format(**xs)
         if isinstance(e, (k.Halves, k.HalfSplat, k.Half)):
             return self.halves(e)
         raise TypeError(f"the C backend cannot print {type(e).__name__}")

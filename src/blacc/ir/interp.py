@@ -72,7 +72,7 @@ def evaluate(e: k.Expr, env: _Env) -> Any:
         x = evaluate(e.x, env)
         return x.dtype.type(np.sum(x, dtype=x.dtype))
     if isinstance(e, k.SumLanes):
-        rows = [evaluate(x, env) for x in e.xs]
+        rows = np.concatenate([evaluate(x, env) for x in e.xs]).reshape(e.lanes, -1)
         return np.array([np.sum(r, dtype=r.dtype) for r in rows], dtype=numpy_dtype(e.dtype))
     if isinstance(e, k.Halves):
         return np.concatenate([np.atleast_1d(evaluate(e.lo, env)),

@@ -283,21 +283,25 @@ class Reduce(Expr):
 
 @dataclass(frozen=True, eq=True)
 class SumLanes(Expr):
-    """Lane j is the sum of the lanes of ``xs[j]``: the horizontal sums of as many
-    vectors as each has lanes, transposed into one vector (rows of a matrix-vector
-    product stored at once, not one scalar at a time).
+    """Lane j is the sum of row j, where ``xs`` hold as many rows as they have lanes, in
+    order: one row per vector (n vectors of n lanes), or two, one in each half (n/2
+    vectors: rows half a vector long, held in pairs). The horizontal sums of the rows,
+    transposed into one vector: rows of a matrix-vector product stored at once, not one
+    scalar at a time.
 
-        SumLanes((acc0, acc1, acc2, acc3))  ->  hadd(hadd(acc0, acc1), hadd(acc2, acc3))
+        SumLanes((acc0, acc1, acc2, acc3))  ->  [hsum(acc0), hsum(acc1), hsum(acc2), hsum(acc3)]
+        SumLanes((p0, p1)), 4 lanes each    ->  [hsum(lo(p0)), hsum(hi(p0)), hsum(lo(p1)), ...]
     """
 
     xs: tuple[Expr, ...]
 
     def __post_init__(self) -> None:
-        n = len(self.xs)
-        if n < 2 or n & (n - 1) or any(x.lanes != n or x.dtype != self.xs[0].dtype
-                                       for x in self.xs):
-            raise ValueError(f"SumLanes takes 2, 4, 8, ... vectors of as many lanes of one "
-                             f"type, got {[(x.lanes, x.dtype) for x in self.xs]}")
+        n = self.xs[0].lanes if self.xs else 0
+        if (len(self.xs) < 2 or n & (n - 1) or len(self.xs) not in (n, n // 2)
+                or any(x.lanes != n or x.dtype != self.xs[0].dtype for x in self.xs)):
+            raise ValueError(f"SumLanes takes n or n/2 vectors of n lanes of one type (n = 2, "
+                             f"4, 8, ...; at least two vectors), got "
+                             f"{[(x.lanes, x.dtype) for x in self.xs]}")
 
     @property
     def dtype(self) -> str:  # type: ignore[override]
@@ -305,7 +309,11 @@ class SumLanes(Expr):
 
     @property
     def lanes(self) -> int:  # type: ignore[override]
-        return len(self.xs)
+        return self.xs[0].lanes
+
+    @property
+    def rows_per_vector(self) -> int:
+        return self.lanes // len(self.xs)
 
 
 # ----------------------------------------------------------------------------- statements

@@ -32,7 +32,8 @@ def expr(e: k.Expr) -> str:
     if isinstance(e, k.Reduce):
         return f"hsum({expr(e.x)})"
     if isinstance(e, k.SumLanes):
-        return f"sumlanes({', '.join(expr(x) for x in e.xs)})"
+        name = "sumlanes" if e.rows_per_vector == 1 else "sumhalves"
+        return f"{name}({', '.join(expr(x) for x in e.xs)})"
     if isinstance(e, k.Halves):
         if e.lo == e.hi:
             return f"dup{e.lanes}({expr(e.lo)})"

@@ -151,9 +151,11 @@ def _expr_issue(e: k.Expr, acc: _Issue, isa: Isa, loop: str | None = None,
             acc.shuffles += 1.0
         _expr_issue(e.x, acc, isa, loop, joined)
     elif isinstance(e, k.SumLanes):
-        # a tree of n - 1 hadds (two shuffles and an add each) for n rows at once
-        acc.fp += e.lanes - 1
-        acc.shuffles += 2 * (e.lanes - 1)
+        # n vectors transposed and added: n - 1 adds and two shuffles per add; rows held
+        # two per vector end in one permute more
+        n = len(e.xs)
+        acc.fp += n - 1
+        acc.shuffles += 2 * (n - 1) + e.rows_per_vector - 1
         for x in e.xs:
             _expr_issue(x, acc, isa, loop, joined)
     elif isinstance(e, k.Reduce):
@@ -166,8 +168,8 @@ def _reduce_latency(e: k.Expr) -> int:
     """Extra latency of horizontal sums at the end of a chain."""
     if isinstance(e, k.Reduce):
         return FMA_LATENCY * max(1, e.x.lanes.bit_length() - 1) + _reduce_latency(e.x)
-    if isinstance(e, k.SumLanes):  # one hadd per level of the tree
-        return (FMA_LATENCY * (e.lanes.bit_length() - 1)
+    if isinstance(e, k.SumLanes):  # one add per level of the tree
+        return (FMA_LATENCY * (len(e.xs).bit_length() - 1)
                 + max(_reduce_latency(x) for x in e.xs))
     if isinstance(e, (k.Fma, k.Bin)):
         parts = (e.a, e.b, e.c) if isinstance(e, k.Fma) else (e.a, e.b)

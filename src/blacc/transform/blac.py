@@ -25,7 +25,9 @@ two halves, a row of B duplicated into both halves, A[i, k] and A[i+1, k] splatt
 within their halves from one load of the two rows — half the FMAs of one row per
 128-bit vector (what gcc makes of the plain loops). An odd last row stays a 128-bit
 vector, and two rows are one 256-bit access only where they are contiguous in memory
-(else two 128-bit halves).
+(else two 128-bit halves). A sum on lanes over exactly half a vector pairs rows the
+same way (``y = A*x``, A n x 4 f32: rows i and i+1 of A in one 256-bit load, x in both
+halves); the rows' horizontal sums then come out of one transpose per eight rows.
 
     y[i] = sum_k A[i,k] x[k]   (5x9 f64, vector k, block 4)
       ->  acc_0..3 = 0; for k in (0, 4, 8): acc_r = fma(load4(A[r*9+k], count), load4(x[k]), acc_r)
@@ -43,7 +45,7 @@ from ..ir import kernel as k
 from ..ir.walk import names_used, nodes_of, rewrite, substitute
 from ..runtime.signature import ARRAY, ArgSpec
 from ..target.isa import Isa
-from .sum_lanes import batch_row_sums
+from .sum_lanes import batch_row_sums, index_offset
 
 
 @dataclass(frozen=True)
@@ -62,8 +64,9 @@ class OpSchedule:
     #: ``split`` independent chains, summed at the end, so a long reduction over a small
     #: block is not bound by the latency of one chain of FMAs.
     split: int = 1
-    #: Two rows per full vector, one in each half (the vectorized output dimension is
-    #: half a vector wide); ``block[0]`` then counts rows, two per accumulator.
+    #: Two rows per full vector, one in each half (the vectorized output dimension, or
+    #: the sums on lanes, half a vector wide); ``block[0]`` then counts rows, two per
+    #: accumulator.
     pairs: bool = False
 
 
@@ -297,24 +300,54 @@ class _Gen:
         if vectorized and not _zero_padded(node.body, node.index):
             raise ScheduleError(f"sum over {node.index!r} cannot run on lanes: a term does "
                                 "not vanish on masked lanes")
+        # positions computed together: one each, or two in the halves of one vector
+        units = (self.paired(ctxs, pieces) if vectorized and self.s.pairs
+                 else [(c, (p,)) for p, c in enumerate(ctxs)])
         results: list[k.Expr] = [k.Const(0.0, self.dt)] * len(ctxs)
         # one accumulator set per vector width used (full vectors, then the leftover)
         by_width: dict[int, list[_Chunk]] = {}
         for c in pieces:
             by_width.setdefault(c.width, []).append(c)
         for width, group in by_width.items():
-            lanes = [width if vectorized else self.lanes_of(c) for c in ctxs]
-            sets = [[self.fresh("acc", lanes[p]) for p in range(len(ctxs))]
+            lanes = [len(ps) * width if vectorized else self.lanes_of(c) for c, ps in units]
+            sets = [[self.fresh("acc", n) for n in lanes]
                     for _ in range(max(1, min(self.s.split, len(group))))]
-            self.accumulate(node, ctxs, group, sets, vectorized, out)
-            for p in range(len(ctxs)):
-                partial: list[k.Expr] = [accs[p] for accs in sets]
+            self.accumulate(node, [c for c, _ in units], group, sets, vectorized, out)
+            for u, (_, positions) in enumerate(units):
+                partial: list[k.Expr] = [accs[u] for accs in sets]
                 while len(partial) > 1:  # a pairwise sum of the partial chains
                     partial = [k.Bin("+", *partial[i:i + 2]) if i + 1 < len(partial)
                                else partial[i] for i in range(0, len(partial), 2)]
-                total = k.Reduce(partial[0]) if vectorized and width > 1 else partial[0]
-                results[p] = self.combine("+", results[p], total)
+                acc = partial[0]
+                for h, p in enumerate(positions):
+                    part = k.Half(acc, h) if len(positions) == 2 else acc
+                    total = k.Reduce(part) if vectorized and width > 1 else part
+                    results[p] = self.combine("+", results[p], total)
         return results
+
+    def paired(self, ctxs: list[dict], pieces: list[_Chunk]
+               ) -> list[tuple[dict, tuple[int, ...]]]:
+        """``ctxs`` of a sum on lanes as (context, positions) units: two positions next to
+        each other along an output dimension share one, their rows of the sum in the two
+        halves of full vectors (``OpSchedule.pairs``); a position left over keeps its own."""
+        half = self.isa.lanes(self.dt) // 2
+        if len(pieces) != 1 or pieces[0].masked or pieces[0].width != half:
+            raise ScheduleError(f"two rows per vector need a sum over exactly {half} "
+                                "elements on lanes")
+        units: list[tuple[dict, tuple[int, ...]]] = []
+        taken: set[int] = set()
+        for p, c in enumerate(ctxs):
+            if p in taken:
+                continue
+            for q in range(p + 1, len(ctxs)):
+                dim = None if q in taken else _next_along(c, ctxs[q], self.op.dims)
+                if dim is not None:
+                    taken.add(q)
+                    units.append(({**c, dim: _Pair(c[dim])}, (p, q)))
+                    break
+            else:
+                units.append((c, (p,)))
+        return units
 
     def step(self, node: ix.Sum, ctxs: list[dict], value: k.Expr | _Chunk,
              accs: list[k.Var], body: list[k.Stmt], first: bool = False) -> None:
@@ -388,6 +421,18 @@ class _Gen:
             rest = rest[rounds * nsets:]
         for t, c in enumerate(rest):
             self.step(node, ctxs, piece(c), sets[t % nsets], out)
+
+
+def _next_along(c: dict, d: dict, dims: tuple[str, str]) -> str | None:
+    """The output dimension along which position ``d`` is the one after ``c`` (the other
+    indices equal), or None."""
+    if c.keys() != d.keys() or any(isinstance(v, (_Chunk, _Pair)) for v in (*c.values(),
+                                                                            *d.values())):
+        return None
+    differ = [i for i in c if c[i] != d[i]]
+    if len(differ) == 1 and differ[0] in dims and index_offset(d[differ[0]], c[differ[0]]) == 1:
+        return differ[0]
+    return None
 
 
 def _constant(e: k.Expr) -> bool:
@@ -503,7 +548,7 @@ def lower_op(program: ix.Program, op: ix.Op, sched: OpSchedule, isa: Isa,
                 else s for s in stmts]
     # scalar outputs per position (the lanes, if any, run along a reduction)
     if sched.pairs:
-        raise ScheduleError("two rows per vector need the lanes on an output dimension")
+        _check_sum_pairs(program, op, isa, v)
     if st.scalar_var is not None:
         raise ScheduleError(f"{op.out} is an input scalar; it cannot be assigned")
     bu, bv = sched.block
@@ -582,6 +627,17 @@ def _check_pairs(program: ix.Program, isa: Isa, width: int, st: _Storage, axis: 
                             f"half-vector operations (have {width}, target {isa.name})")
     if (st.rs, st.cs)[axis] != 1:
         raise ScheduleError(f"two rows per vector need {st.buf} contiguous along its rows")
+
+
+def _check_sum_pairs(program: ix.Program, op: ix.Op, isa: Isa, v: str | None) -> None:
+    """Two rows per vector with the lanes on a reduction need every sum over that index
+    exactly half a vector long, and the ISA's half-vector operations."""
+    full = isa.lanes(program.dtype)
+    sums = [s for s in sums_of(op.body) if s.index == v]
+    if ("halves", program.dtype) not in isa.ops or not sums or any(
+            2 * s.extent != full for s in sums):
+        raise ScheduleError(f"two rows per vector need the lanes on an output dimension or "
+                            f"on sums over exactly {full // 2} elements (target {isa.name})")
 
 
 def _pair_block(gen: _Gen, op: ix.Op, st: _Storage, u: str, v: str, u0: k.Expr, un: int,
@@ -735,7 +791,7 @@ def candidates(program: ix.Program, op: ix.Op, isa: Isa | None = None) -> list[O
                 if (block, split) not in seen:
                     seen.add((block, split))
                     result.append(OpSchedule(v, block, split=split))
-        if isa is not None and v in extent:
+        if isa is not None and v is not None:
             result += _pair_candidates(program, op, isa, v, extent, terms)
     return result
 
@@ -746,10 +802,16 @@ PAIR_ROWS = (2, 4, 6, 8, 12, 16)
 
 def _pair_candidates(program: ix.Program, op: ix.Op, isa: Isa, v: str, extent: dict,
                      terms: int) -> list[OpSchedule]:
-    """Schedules with two rows per vector when the lane dimension is half a vector wide."""
-    u = op.dims[1] if v == op.dims[0] else op.dims[0]
+    """Schedules with two rows per vector when the lane dimension (an output dimension, or
+    the index of the sums) is half a vector wide."""
     lanes = isa.lanes(program.dtype)
-    if ("halves", program.dtype) not in isa.ops or 2 * extent[v] != lanes or extent[u] < 2:
+    if v in extent:
+        u = op.dims[1] if v == op.dims[0] else op.dims[0]
+        half = 2 * extent[v] == lanes
+    else:  # rows of the output, each ending in horizontal sums
+        u = op.dims[0]
+        half = all(2 * s.extent == lanes for s in sums_of(op.body) if s.index == v)
+    if ("halves", program.dtype) not in isa.ops or not half or extent[u] < 2:
         return []
     out, seen = [], set()
     for rows in PAIR_ROWS:

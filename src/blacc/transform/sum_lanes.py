@@ -11,12 +11,13 @@ element of the output they read, they are one vector statement instead:
 
     y[i : i+n] = alpha * sumlanes(acc0, ..., acc{n-1}) + beta * y[i : i+n]
 
-``SumLanes`` transposes and adds n vectors of n lanes at once (a tree of hadds on AVX2:
-three for four f32 rows, where four separate horizontal sums take eight adds and eight
-shuffles). Wider accumulators are first halved (their two halves added). The vector
-statement takes the place of the group's last store; the stores before it are dropped,
-which is safe because nothing between them touches the output or reassigns what their
-values read.
+``SumLanes`` transposes and adds n vectors of n lanes at once (on AVX2, unpacks and
+shuffles and three adds for four f32 rows, where four separate horizontal sums take
+eight adds and eight shuffles). Wider accumulators are first halved (their two halves
+added); rows held two per vector (``Half(acc, 0)``, ``Half(acc, 1)``: ``OpSchedule.pairs``)
+are summed as such, n rows from n/2 vectors. The vector statement takes the place of
+the group's last store; the stores before it are dropped, which is safe because nothing
+between them touches the output or reassigns what their values read.
 
 Before grouping, a row that adds several horizontal sums gets one (``one_sum``):
 ``y = alpha*A*x + beta*B*x`` ends every row in ``alpha*hsum(a) + beta*hsum(b)``, which
@@ -125,11 +126,11 @@ def _is_row(s: k.Stmt) -> bool:
     element it writes (so reading a whole group's elements before storing them is safe)."""
     return (isinstance(s, k.Store) and s.count is None and s.value.lanes == 1
             and bool(nodes_of(s.value, k.Reduce))
-            and all(_offset(x.index, s.index) == 0
+            and all(index_offset(x.index, s.index) == 0
                     for x in nodes_of(s.value, k.Load) if x.buf == s.buf))
 
 
-def _offset(index: k.Expr, base: k.Expr) -> int | None:
+def index_offset(index: k.Expr, base: k.Expr) -> int | None:
     """``index - base`` when it is a constant (indices as affine sums of variables)."""
     a, b = _affine(index), _affine(base)
     if a is None or b is None:
@@ -172,7 +173,7 @@ def _group(stmts: list[k.Stmt], i: int) -> list[int]:
     for j in range(i + 1, len(stmts)):
         s = stmts[j]
         if (_is_row(s) and s.buf == first.buf
-                and _offset(s.index, first.index) == len(group)):
+                and index_offset(s.index, first.index) == len(group)):
             group.append(j)
             read |= set(names_used(s.value))
             continue
@@ -211,7 +212,7 @@ def _vectorize(values: list[k.Expr], n: int, isa: Isa) -> k.Expr | None:
     if all(isinstance(v, k.Reduce) for v in values):
         return _sum_lanes([v.x for v in values], n, isa)
     if all(isinstance(v, k.Load) and v.lanes == 1 and v.count is None and v.buf == first.buf
-           and _offset(v.index, first.index) == r for r, v in enumerate(values)):
+           and index_offset(v.index, first.index) == r for r, v in enumerate(values)):
         return k.Load(first.buf, first.index, first.dtype, n)
     if all(isinstance(v, k.Bin) and v.op == first.op for v in values):
         a = _vectorize([v.a for v in values], n, isa)
@@ -225,7 +226,16 @@ def _vectorize(values: list[k.Expr], n: int, isa: Isa) -> k.Expr | None:
 
 def _sum_lanes(xs: list[k.Expr], n: int, isa: Isa) -> k.Expr | None:
     dtype = xs[0].dtype
-    if any(x.lanes != xs[0].lanes or x.dtype != dtype for x in xs) or xs[0].lanes < n:
+    if any(x.lanes != xs[0].lanes or x.dtype != dtype for x in xs):
+        return None
+    if 2 * xs[0].lanes == n:  # rows of half a vector: summed two per vector if they were
+        whole = [_unhalved(xs[r], xs[r + 1]) for r in range(0, n, 2)]
+        try:
+            isa.op("sum_halves", dtype, n)
+        except KeyError:
+            return None
+        return None if None in whole else k.SumLanes(tuple(w for w in whole if w is not None))
+    if xs[0].lanes < n:
         return None
     try:
         isa.op("sum_lanes", dtype, n)
@@ -234,3 +244,20 @@ def _sum_lanes(xs: list[k.Expr], n: int, isa: Isa) -> k.Expr | None:
     while xs[0].lanes > n:  # add the halves of wider accumulators first
         xs = [k.Bin("+", k.Half(x, 0), k.Half(x, 1)) for x in xs]
     return k.SumLanes(tuple(xs))
+
+
+def _unhalved(lo: k.Expr, hi: k.Expr) -> k.Expr | None:
+    """The vector whose halves are ``lo`` and ``hi`` without joining them, or None: the
+    halves of one vector (two rows computed in one register, ``OpSchedule.pairs``), one
+    broadcast twice, or an operation on such."""
+    if isinstance(lo, k.Half) and isinstance(hi, k.Half) and lo.x == hi.x:
+        return lo.x if (lo.which, hi.which) == (0, 1) else None
+    if isinstance(lo, k.Broadcast) and lo == hi:
+        return k.Broadcast(lo.value, 2 * lo.lanes)
+    if isinstance(lo, k.Bin) and isinstance(hi, k.Bin) and lo.op == hi.op:
+        a, b = _unhalved(lo.a, hi.a), _unhalved(lo.b, hi.b)
+        return None if a is None or b is None else k.Bin(lo.op, a, b)
+    if isinstance(lo, k.Fma) and isinstance(hi, k.Fma):
+        parts = [_unhalved(getattr(lo, f), getattr(hi, f)) for f in "abc"]
+        return None if None in parts else k.Fma(*parts)
+    return None
