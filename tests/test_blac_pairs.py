@@ -227,6 +227,23 @@ def test_pairs_are_offered_only_for_half_width_outputs():
         build_module(p.indexed, p.specs, (OpSchedule("j", (2, 1), pairs=True),), AVX2, "x")
 
 
+def test_pairs_on_sums_are_offered_only_for_half_width_rows():
+    for rows, cols, dtype, want in ((6, 4, "f32", True), (6, 2, "f64", True),
+                                    (6, 8, "f32", False), (6, 3, "f32", False),
+                                    (6, 4, "f64", False), (1, 4, "f32", False)):
+        p = plan("y = A*x", target="avx2", A=M(rows, cols, dtype), x=V(cols, dtype),
+                 y=V(rows, dtype))
+        op = p.indexed.ops[0]
+        got = any(s.pairs for s in candidates(p.indexed, op, AVX2))
+        assert got == want, (rows, cols, dtype)
+        assert not any(s.pairs for s in candidates(p.indexed, op, GENERIC))
+        if not want and rows > 1:
+            vector = op.body.index  # the sum's index on lanes
+            with pytest.raises(ScheduleError, match="two rows per vector"):
+                build_module(p.indexed, p.specs, (OpSchedule(vector, (2, 1), pairs=True),),
+                             AVX2, "x")
+
+
 @pytest.mark.parametrize(("m", "kk", "dtype"), [(16, 4, "f32"), (4, 4, "f32"), (48, 4, "f32"),
                                                 (4, 2, "f64"), (9, 4, "f32")])
 def test_the_model_pairs_rows_of_narrow_products(m, kk, dtype):
