@@ -438,32 +438,6 @@ static void *xalloc(size_t bytes) {
     return p;
 }
 
-/* The arrays a case times are laid out one after another in page offset, as in one block
-   of memory: the next one starts, modulo 4 KB, where the previous one ended. Two arrays
-   of a case then share a page offset only when together they exceed 4 KB. Left to the
-   allocator, a small output could land at the page offset of an input, and every call's
-   loads would wait on the previous call's store (4K aliasing): x'*A*y with A 4 x 64
-   f32 ran 8.0 ns or 12.2 ns depending on where alpha fell. */
-static size_t page_cursor;
-
-static void *operand_alloc(size_t bytes) {
-    size_t size = (bytes + 63) / 64 * 64;
-    /* a page in front holds the base pointer, for operand_free */
-    char *base = aligned_alloc(4096, 4096 + (page_cursor + size + 4095) / 4096 * 4096);
-    if (!base) { fprintf(stderr, "out of memory\n"); exit(2); }
-    char *p = base + 4096 + page_cursor;
-    memcpy(p - sizeof base, &base, sizeof base);
-    memset(p, 0, size);
-    page_cursor = (page_cursor + size) % 4096;
-    return p;
-}
-
-static void operand_free(void *p) {
-    char *base;
-    memcpy(&base, (char *)p - sizeof base, sizeof base);
-    free(base);
-}
-
 typedef struct {
     const char *name;
     void (*run)(long reps);
@@ -622,16 +596,14 @@ def _case_block(c: Case, impls: Sequence[str], blacc_call: tuple[str, list[str]]
     # the case driver
     L(f"static void case_{cid}(void) {{")
     L(f'    if (ONLY && !strstr("{cid}", ONLY)) return;')
-    L("    page_cursor = 0;")
     for o in ops:
-        L(f"    {cid}_{o.name} = operand_alloc(sizeof({T}) * {o.size});")
-    if tmp_n:
-        L(f"    {cid}_tmp = operand_alloc(sizeof({T}) * {tmp_n});")
-    for o in ops:
+        L(f"    {cid}_{o.name} = xalloc(sizeof({T}) * {o.size});")
         if o.written:
             L(f"    {cid}_{o.name}_init = xalloc(sizeof({T}) * {o.size});")
             L(f"    {cid}_{o.name}_ref = xalloc(sizeof(double) * {o.size});")
             L(f"    {cid}_{o.name}_mag = xalloc(sizeof(double) * {o.size});")
+    if tmp_n:
+        L(f"    {cid}_tmp = xalloc(sizeof({T}) * {tmp_n});")
     L("    rng_state = 0x9E3779B97F4A7C15ULL;")
     # inputs: uniform in [-1, 1); scalars fixed; pure outputs hold garbage (must not be read)
     for o in ops:
@@ -690,12 +662,12 @@ def _case_block(c: Case, impls: Sequence[str], blacc_call: tuple[str, list[str]]
     L("    };")
     L(f'    bench("{cid}", im, (int)(sizeof im / sizeof im[0]), {cid}_restore, {cid}_check);')
     for o in ops:
-        L(f"    operand_free({cid}_{o.name});")
+        L(f"    free({cid}_{o.name});")
         if o.written:
             L(f"    free({cid}_{o.name}_init); free({cid}_{o.name}_ref);"
               f" free({cid}_{o.name}_mag);")
     if tmp_n:
-        L(f"    operand_free({cid}_tmp);")
+        L(f"    free({cid}_tmp);")
     L("}")
     return "\n".join(out)
 
