@@ -301,7 +301,7 @@ class _Gen:
             raise ScheduleError(f"sum over {node.index!r} cannot run on lanes: a term does "
                                 "not vanish on masked lanes")
         # positions computed together: one each, or two in the halves of one vector
-        units = (self.paired(ctxs, pieces) if vectorized and self.s.pairs
+        units = (self.paired(ctxs) if vectorized and self.s.pairs
                  else [(c, (p,)) for p, c in enumerate(ctxs)])
         results: list[k.Expr] = [k.Const(0.0, self.dt)] * len(ctxs)
         # one accumulator set per vector width used (full vectors, then the leftover)
@@ -325,15 +325,11 @@ class _Gen:
                     results[p] = self.combine("+", results[p], total)
         return results
 
-    def paired(self, ctxs: list[dict], pieces: list[_Chunk]
-               ) -> list[tuple[dict, tuple[int, ...]]]:
+    def paired(self, ctxs: list[dict]) -> list[tuple[dict, tuple[int, ...]]]:
         """``ctxs`` of a sum on lanes as (context, positions) units: two positions next to
         each other along an output dimension share one, their rows of the sum in the two
-        halves of full vectors (``OpSchedule.pairs``); a position left over keeps its own."""
-        half = self.isa.lanes(self.dt) // 2
-        if len(pieces) != 1 or pieces[0].masked or pieces[0].width != half:
-            raise ScheduleError(f"two rows per vector need a sum over exactly {half} "
-                                "elements on lanes")
+        halves of full vectors (``OpSchedule.pairs``; ``_check_sum_pairs`` has made sure
+        the sum is half a vector long); a position left over keeps its own."""
         units: list[tuple[dict, tuple[int, ...]]] = []
         taken: set[int] = set()
         for p, c in enumerate(ctxs):
@@ -633,11 +629,15 @@ def _check_sum_pairs(program: ix.Program, op: ix.Op, isa: Isa, v: str | None) ->
     """Two rows per vector with the lanes on a reduction need every sum over that index
     exactly half a vector long, and the ISA's half-vector operations."""
     full = isa.lanes(program.dtype)
-    sums = [s for s in sums_of(op.body) if s.index == v]
-    if ("halves", program.dtype) not in isa.ops or not sums or any(
-            2 * s.extent != full for s in sums):
+    if ("halves", program.dtype) not in isa.ops or not _half_vector_sums(op, v, full):
         raise ScheduleError(f"two rows per vector need the lanes on an output dimension or "
                             f"on sums over exactly {full // 2} elements (target {isa.name})")
+
+
+def _half_vector_sums(op: ix.Op, v: str | None, lanes: int) -> bool:
+    """Whether ``op`` has sums over ``v`` and all of them are half a vector long."""
+    sums = [s for s in sums_of(op.body) if s.index == v]
+    return bool(sums) and all(2 * s.extent == lanes for s in sums)
 
 
 def _pair_block(gen: _Gen, op: ix.Op, st: _Storage, u: str, v: str, u0: k.Expr, un: int,
@@ -810,7 +810,7 @@ def _pair_candidates(program: ix.Program, op: ix.Op, isa: Isa, v: str, extent: d
         half = 2 * extent[v] == lanes
     else:  # rows of the output, each ending in horizontal sums
         u = op.dims[0]
-        half = all(2 * s.extent == lanes for s in sums_of(op.body) if s.index == v)
+        half = _half_vector_sums(op, v, lanes)
     if ("halves", program.dtype) not in isa.ops or not half or extent[u] < 2:
         return []
     out, seen = [], set()

@@ -230,20 +230,22 @@ def _sum_lanes(xs: list[k.Expr], n: int, isa: Isa) -> k.Expr | None:
         return None
     if 2 * xs[0].lanes == n:  # rows of half a vector: summed two per vector if they were
         whole = [_unhalved(xs[r], xs[r + 1]) for r in range(0, n, 2)]
-        try:
-            isa.op("sum_halves", dtype, n)
-        except KeyError:
+        if not _has_op(isa, "sum_halves", dtype, n) or None in whole:
             return None
-        return None if None in whole else k.SumLanes(tuple(w for w in whole if w is not None))
-    if xs[0].lanes < n:
-        return None
-    try:
-        isa.op("sum_lanes", dtype, n)
-    except KeyError:
+        return k.SumLanes(tuple(w for w in whole if w is not None))
+    if xs[0].lanes < n or not _has_op(isa, "sum_lanes", dtype, n):
         return None
     while xs[0].lanes > n:  # add the halves of wider accumulators first
         xs = [k.Bin("+", k.Half(x, 0), k.Half(x, 1)) for x in xs]
     return k.SumLanes(tuple(xs))
+
+
+def _has_op(isa: Isa, name: str, dtype: str, lanes: int) -> bool:
+    try:
+        isa.op(name, dtype, lanes)
+    except KeyError:
+        return False
+    return True
 
 
 def _unhalved(lo: k.Expr, hi: k.Expr) -> k.Expr | None:
