@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from ..frontend import typed as t
 from ..ir import indexed as ix
 from ..runtime.signature import ARRAY, IN, INOUT, OUT, SCALAR, ArgSpec
+from .associate import reassociated_program
 
 
 @dataclass
@@ -277,12 +278,16 @@ def forms(program: t.TypedProgram) -> tuple[ix.Program, ...]:
     right operand, scaled once (``_scalars_moved``), with the sums added together then
     merged into one (``merge_sums``): ``alpha*A*x + beta*B*x`` becomes
     ``sum_k A(i,k)*t0(k) + B(i,k)*t1(k)`` with ``t0 = alpha*x``, ``t1 = beta*x``. Which is
-    faster depends on the shapes: the cost model decides."""
+    faster depends on the shapes: the cost model decides. Each comes as written and, where
+    a chain of products has an association with fewer multiplies (``A*B*x`` as
+    ``A*(B*x)``, see ``associate``), in that association too."""
     out: list[ix.Program] = []
-    for scale_once, combine_once in itertools.product((False, True), repeat=2):
-        p = to_indexed(program, combine_once=combine_once, scale_once=scale_once)
-        if p not in out:
-            out.append(p)
+    written = program
+    for program in (written, reassociated_program(written)):
+        for scale_once, combine_once in itertools.product((False, True), repeat=2):
+            p = to_indexed(program, combine_once=combine_once, scale_once=scale_once)
+            if p not in out:
+                out.append(p)
     return tuple(out)
 
 
