@@ -37,6 +37,7 @@ PEERS = ("openblas", "eigen", "libxsmm")
 
 CTYPE = {"f32": "float", "f64": "double"}
 EPS = {"f32": "FLT_EPSILON", "f64": "DBL_EPSILON"}
+SIZEOF = {"f32": 4, "f64": 8}
 BLAS = {"f32": "s", "f64": "d"}
 
 NATIVE = ["-O3", "-march=native"]
@@ -438,6 +439,22 @@ static void *xalloc(size_t bytes) {
     return p;
 }
 
+/* Where the arrays of a case sit, round by round. A load whose address matches an
+   earlier store's in bits 0-11 (on another page) waits for it (4K aliasing), which can
+   cost a small kernel a third of its speed, and which cases meet it would otherwise
+   depend on where the allocator happens to put the arrays. So each round places every
+   array of the case at another offset in its own pages (a multiple of 64 bytes), the
+   same for every implementation, and a median over rounds is a median over placements. */
+static size_t place_offset(int round, int array) {
+    return (size_t)(((unsigned)round * 37u + (unsigned)array * 23u) % 64u) * 64u;
+}
+
+static void *page_alloc(size_t bytes) {
+    void *p = aligned_alloc(4096, (bytes + 4095) / 4096 * 4096);
+    if (!p) { fprintf(stderr, "out of memory\n"); exit(2); }
+    return p;
+}
+
 typedef struct {
     const char *name;
     void (*run)(long reps);
@@ -461,9 +478,11 @@ static double batch(impl_t *im, long reps, void (*restore)(void)) {
 }
 
 /* Verify each implementation (one call on fresh operands), then calibrate a repeat
-   count per implementation and time ROUNDS batches of each, interleaved. */
+   count per implementation and time ROUNDS batches of each, interleaved, the arrays
+   placed anew for each round (place_offset). */
 static void bench(const char *cid, impl_t *im, int n, void (*restore)(void),
-                  double (*check)(void)) {
+                  double (*check)(void), void (*place)(int)) {
+    place(0);
     for (int i = 0; i < n; i++) {
         if (im[i].skip) continue;
         restore();
@@ -483,12 +502,14 @@ static void bench(const char *cid, impl_t *im, int n, void (*restore)(void),
         }
         im[i].reps = reps;
     }
-    for (int r = 0; r < ROUNDS; r++)
+    for (int r = 0; r < ROUNDS; r++) {
+        place(r);
         for (int j = 0; j < n; j++) {
             impl_t *p = &im[(j + r) % n];
             if (p->skip || !p->ok) continue;
             p->t[r] = batch(p, p->reps, restore) / (double)p->reps;
         }
+    }
     for (int i = 0; i < n; i++) {
         impl_t *p = &im[i];
         printf("{\"case\": \"%s\", \"impl\": \"%s\"", cid, p->name);
@@ -537,6 +558,9 @@ def _case_block(c: Case, impls: Sequence[str], blacc_call: tuple[str, list[str]]
         if o.written:
             L(f"static {T} *{cid}_{o.name}_init;")
             L(f"static double *{cid}_{o.name}_ref, *{cid}_{o.name}_mag;")
+        else:
+            L(f"static {T} *{cid}_{o.name}_src;")
+    L(f"static unsigned char *{cid}_arena;")
     tmp_n = openblas_calls(c)[1] if "openblas" in impls else 0
     if tmp_n:
         L(f"static {T} *{cid}_tmp;")
@@ -547,6 +571,15 @@ def _case_block(c: Case, impls: Sequence[str], blacc_call: tuple[str, list[str]]
     for o in ops:
         if o.written:
             L(f"    memcpy({cid}_{o.name}, {cid}_{o.name}_init, sizeof({T}) * {o.size});")
+    L("}")
+    # placement: each array in pages of its own, at the round's offset, from its source
+    slot = [(-(-(o.size * SIZEOF[c.dtype]) // 4096) + 1) * 4096 for o in ops]
+    L(f"static void {cid}_place(int round) {{")
+    for j, o in enumerate(ops):
+        L(f"    {cid}_{o.name} = ({T} *)({cid}_arena + {sum(slot[:j])}"
+          f" + place_offset(round, {j}));")
+        src = f"{cid}_{o.name}_init" if o.written else f"{cid}_{o.name}_src"
+        L(f"    memcpy({cid}_{o.name}, {src}, sizeof({T}) * {o.size});")
     L("}")
     # locals: the operands under their own names
     loc = []
@@ -596,8 +629,10 @@ def _case_block(c: Case, impls: Sequence[str], blacc_call: tuple[str, list[str]]
     # the case driver
     L(f"static void case_{cid}(void) {{")
     L(f'    if (ONLY && !strstr("{cid}", ONLY)) return;')
+    L(f"    {cid}_arena = page_alloc({sum(slot)});")
     for o in ops:
-        L(f"    {cid}_{o.name} = xalloc(sizeof({T}) * {o.size});")
+        if not o.written:
+            L(f"    {cid}_{o.name}_src = xalloc(sizeof({T}) * {o.size});")
         if o.written:
             L(f"    {cid}_{o.name}_init = xalloc(sizeof({T}) * {o.size});")
             L(f"    {cid}_{o.name}_ref = xalloc(sizeof(double) * {o.size});")
@@ -609,24 +644,24 @@ def _case_block(c: Case, impls: Sequence[str], blacc_call: tuple[str, list[str]]
     for o in ops:
         if o.kind == "scalar" and not o.written:
             val = "0.75" if o.name == "alpha" else "0.5"
-            L(f"    {cid}_{o.name}[0] = ({T}){val};")
+            L(f"    {cid}_{o.name}_src[0] = ({T}){val};")
         elif o.role == "out":
             L(f"    for (int i = 0; i < {o.size}; i++) {cid}_{o.name}_init[i] = ({T})777.0;")
         elif o.role == "inout":
             L(f"    for (int i = 0; i < {o.size}; i++) {cid}_{o.name}_init[i] = ({T})uniform();")
         else:
-            L(f"    for (int i = 0; i < {o.size}; i++) {cid}_{o.name}[i] = ({T})uniform();")
+            L(f"    for (int i = 0; i < {o.size}; i++) {cid}_{o.name}_src[i] = ({T})uniform();")
     # references: the loops in double, on the values and on their magnitudes
     L("    {")
     args_v, args_m = [], []
     for o in ops:
         if o.kind == "scalar" and not o.written:
-            args_v.append(f"(double){cid}_{o.name}[0]")
-            args_m.append(f"fabs((double){cid}_{o.name}[0])")
+            args_v.append(f"(double){cid}_{o.name}_src[0]")
+            args_m.append(f"fabs((double){cid}_{o.name}_src[0])")
             continue
         L(f"        double *v_{o.name} = xalloc(sizeof(double) * {o.size});")
         L(f"        double *m_{o.name} = xalloc(sizeof(double) * {o.size});")
-        src = f"{cid}_{o.name}_init" if o.written else f"{cid}_{o.name}"
+        src = f"{cid}_{o.name}_init" if o.written else f"{cid}_{o.name}_src"
         L(f"        for (int i = 0; i < {o.size}; i++) {{ v_{o.name}[i] = (double){src}[i];"
           f" m_{o.name}[i] = fabs(v_{o.name}[i]); }}")
         args_v.append(f"v_{o.name}")
@@ -660,9 +695,12 @@ def _case_block(c: Case, impls: Sequence[str], blacc_call: tuple[str, list[str]]
         else:
             L(f'        {{"{r}", {cid}_run_{r}, 0}},')
     L("    };")
-    L(f'    bench("{cid}", im, (int)(sizeof im / sizeof im[0]), {cid}_restore, {cid}_check);')
+    L(f'    bench("{cid}", im, (int)(sizeof im / sizeof im[0]), {cid}_restore, {cid}_check,'
+      f' {cid}_place);')
+    L(f"    free({cid}_arena);")
     for o in ops:
-        L(f"    free({cid}_{o.name});")
+        if not o.written:
+            L(f"    free({cid}_{o.name}_src);")
         if o.written:
             L(f"    free({cid}_{o.name}_init); free({cid}_{o.name}_ref);"
               f" free({cid}_{o.name}_mag);")
