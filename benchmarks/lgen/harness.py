@@ -443,10 +443,14 @@ static void *xalloc(size_t bytes) {
    earlier store's in bits 0-11 (on another page) waits for it (4K aliasing), which can
    cost a small kernel a third of its speed, and which cases meet it would otherwise
    depend on where the allocator happens to put the arrays. So each round places every
-   array of the case at another offset in its own pages (a multiple of 64 bytes), the
-   same for every implementation, and a median over rounds is a median over placements. */
+   array of the case at another offset in its own pages (a multiple of 64 bytes, at other
+   distances from each other), the same for every implementation, and a median over
+   rounds is a median over placements. */
 static size_t place_offset(int round, int array) {
-    return (size_t)(((unsigned)round * 37u + (unsigned)array * 23u) % 64u) * 64u;
+    /* the array's step (2 round + 1) * 23 is odd: the distances between the arrays, not
+       only where the first one sits, differ from round to round */
+    unsigned r = (unsigned)round, a = (unsigned)array;
+    return (size_t)((a * (2u * r + 1u) * 23u + r * 37u) % 64u) * 64u;
 }
 
 static void *page_alloc(size_t bytes) {
