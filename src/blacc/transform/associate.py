@@ -76,11 +76,15 @@ def _product_multiplies(a: Shape, b: Shape) -> int:
     return a[0] * a[1] * b[1]
 
 
+def _product_shape(a: Shape, b: Shape) -> Shape:
+    """The shape of a product: a 1x1 side scales the other."""
+    return b if a == (1, 1) else a if b == (1, 1) else (a[0], b[1])
+
+
 def _product(a: t.TExpr, b: t.TExpr) -> t.TMul:
     op = classify_product(a.shape, b.shape)
     assert op is not None, "a chain's factors fit by construction"
-    shape = b.shape if a.shape == (1, 1) else a.shape if b.shape == (1, 1) else (a.rows, b.cols)
-    return t.TMul(a, b, op, shape)
+    return t.TMul(a, b, op, _product_shape(a.shape, b.shape))
 
 
 def cheapest(fs: list[t.TExpr]) -> tuple[t.TExpr, int]:
@@ -98,8 +102,8 @@ def cheapest(fs: list[t.TExpr]) -> tuple[t.TExpr, int]:
         for s in range(i, j):
             left, right = best(i, s), best(s + 1, j)
             a, b = left[2], right[2]
-            shape = b if a == (1, 1) else a if b == (1, 1) else (a[0], b[1])
-            options.append((left[0] + right[0] + _product_multiplies(a, b), s, shape))
+            options.append((left[0] + right[0] + _product_multiplies(a, b), s,
+                            _product_shape(a, b)))
         return min(options, key=lambda o: o[0])
 
     def build(i: int, j: int) -> t.TExpr:
