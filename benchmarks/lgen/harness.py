@@ -576,14 +576,15 @@ def _case_block(c: Case, impls: Sequence[str], blacc_call: tuple[str, list[str]]
         if o.written:
             L(f"    memcpy({cid}_{o.name}, {cid}_{o.name}_init, sizeof({T}) * {o.size});")
     L("}")
-    # placement: each array in pages of its own, at the round's offset, from its source
+    # placement: each array in pages of its own, at the round's offset; inputs copied
+    # from their sources (outputs are restored before every batch)
     slot = [(-(-(o.size * SIZEOF[c.dtype]) // 4096) + 1) * 4096 for o in ops]
     L(f"static void {cid}_place(int round) {{")
     for j, o in enumerate(ops):
         L(f"    {cid}_{o.name} = ({T} *)({cid}_arena + {sum(slot[:j])}"
           f" + place_offset(round, {j}));")
-        src = f"{cid}_{o.name}_init" if o.written else f"{cid}_{o.name}_src"
-        L(f"    memcpy({cid}_{o.name}, {src}, sizeof({T}) * {o.size});")
+        if not o.written:
+            L(f"    memcpy({cid}_{o.name}, {cid}_{o.name}_src, sizeof({T}) * {o.size});")
     L("}")
     # locals: the operands under their own names
     loc = []
@@ -637,7 +638,7 @@ def _case_block(c: Case, impls: Sequence[str], blacc_call: tuple[str, list[str]]
     for o in ops:
         if not o.written:
             L(f"    {cid}_{o.name}_src = xalloc(sizeof({T}) * {o.size});")
-        if o.written:
+        else:
             L(f"    {cid}_{o.name}_init = xalloc(sizeof({T}) * {o.size});")
             L(f"    {cid}_{o.name}_ref = xalloc(sizeof(double) * {o.size});")
             L(f"    {cid}_{o.name}_mag = xalloc(sizeof(double) * {o.size});")
@@ -705,7 +706,7 @@ def _case_block(c: Case, impls: Sequence[str], blacc_call: tuple[str, list[str]]
     for o in ops:
         if not o.written:
             L(f"    free({cid}_{o.name}_src);")
-        if o.written:
+        else:
             L(f"    free({cid}_{o.name}_init); free({cid}_{o.name}_ref);"
               f" free({cid}_{o.name}_mag);")
     if tmp_n:

@@ -119,10 +119,9 @@ def reassociated(e: t.TExpr) -> t.TExpr:
     """``e`` with every chain of products that some association computes with at most
     half the multiplies in that association (see ``SAVING``); other chains as written."""
     if _in_chain(e):
-        best, multiplies = cheapest([reassociated(f) for f in factors(e)])
-        if SAVING * multiplies <= chain_multiplies(e):
-            return best
-        return _factors_reassociated(e)
+        written = _factors_reassociated(e)  # its factors are no chains: they stay factors
+        best, multiplies = cheapest(factors(written))
+        return best if SAVING * multiplies <= chain_multiplies(written) else written
     if isinstance(e, (t.TNeg, t.TTranspose)):
         return dataclasses.replace(e, x=reassociated(e.x))
     if isinstance(e, (t.TAdd, t.TSub, t.TMul)):

@@ -282,10 +282,9 @@ def forms(program: t.TypedProgram) -> tuple[ix.Program, ...]:
     a chain of products has an association with fewer multiplies (``A*B*x`` as
     ``A*(B*x)``, see ``associate``), in that association too."""
     out: list[ix.Program] = []
-    written = program
-    for program in (written, reassociated_program(written)):
+    for associated in (program, reassociated_program(program)):
         for scale_once, combine_once in itertools.product((False, True), repeat=2):
-            p = to_indexed(program, combine_once=combine_once, scale_once=scale_once)
+            p = to_indexed(associated, combine_once=combine_once, scale_once=scale_once)
             if p not in out:
                 out.append(p)
     return tuple(out)
