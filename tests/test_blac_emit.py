@@ -244,6 +244,36 @@ def test_emit_accepts_a_dict_program(tmp_path):
     build(c_path, "generic")
 
 
+def test_emit_command_line(tmp_path, capsys):
+    """``blacc emit``: files written and compiling; a bad declaration, a program that does
+    not type-check and an output path that cannot be written give one line naming the
+    problem and status 2, no traceback, and write nothing."""
+    from blacc.cli import main
+
+    out = tmp_path / "axpy"
+    decls = ["--decl", "x=Vector(5)", "--decl", "y=Vector(5)", "--decl", "alpha=Scalar"]
+    assert main(["emit", "y = alpha*x + y", *decls, "--dtype", "f32", "--target", "generic",
+                 "-o", str(out)]) == 0
+    assert "int axpy(float alpha, const float *restrict x, float *restrict y)" \
+        in out.with_suffix(".h").read_text()
+    build(out.with_suffix(".c"), "generic")
+    capsys.readouterr()
+    bad = [(["y = A*x", "--decl", "A=Matrix(3,3", "--decl", "x=Vector(3)"],
+            "bad declaration 'A=Matrix(3,3'"),
+           (["y = A*x", "--decl", "A=Matrix(3,3)", "--decl", "x=Vector(4)",
+             "--decl", "y=Vector(3)"], "A*x: A is 3x3 but x has length 4"),
+           (["y = alpha*x + y", *decls, "-o", str(tmp_path / "no" / "dir" / "k")],
+            f"cannot write {tmp_path / 'no' / 'dir' / 'k'}.")]
+    for args, message in bad:
+        if "-o" not in args:
+            args = [*args, "-o", str(tmp_path / "bad")]
+        assert main(["emit", *args]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("blacc: error: ") and message in err, err
+        assert "Traceback" not in err
+    assert not list(tmp_path.glob("bad*")) and not (tmp_path / "no").exists()
+
+
 @pytest.mark.parametrize("dtype", ["f32", "f64"])
 def test_generic_target_has_no_vectors_even_for_wide_sizes(tmp_path, dtype):
     decls = dict(A=M(16, 17, dtype), x=V(17, dtype), y=V(16, dtype))

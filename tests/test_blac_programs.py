@@ -570,6 +570,29 @@ def test_compiled_scalar_outputs_several():
     assert_matches(p.typed, values, result, src)
 
 
+
+@pytest.mark.parametrize(("src", "roles"), [
+    ("y = A*x; y = 2*y", {"y": "out"}),  # y is assigned before it is read
+    ("y = 2*y; y = A*x + y", {"y": "inout"}),
+    ("s = x'*x; s = s*s; y = s*y", {"y": "inout", "s": "out"}),
+    ("y = A*x + y; s = y'*y + s", {"y": "inout", "s": "inout"}),
+])
+def test_outputs_read_only_after_assignment_are_outputs(src, roles):
+    """An output is 'inout' only when its values on entry are read; a statement reading
+    its own target after an earlier one assigned it reads the new values. Such an output
+    can be left out of the call (the kernel allocates it)."""
+    decls = {k: v for k, v in dict(A=M(5, 3, "f64"), x=V(3, "f64"), y=V(5, "f64"),
+                                   s=S("f64")).items() if k in src}
+    p = plan(src, **decls)
+    assert {s.name: s.role for s in p.specs if s.name in roles} == roles
+    values = make_values(decls, "f64", np.random.default_rng(11))
+    kwargs, _ = call_args(p, values, pass_outputs=False)
+    result = blacc.compile(src, **decls)(**kwargs)
+    written = [s.name for s in p.specs if s.role != "in"]
+    got = result if len(written) > 1 else {written[0]: result}
+    assert_matches(p.typed, values, got, src)
+
+
 # ------------------------------------------------------- one-row/one-column matrices with ld
 
 def test_degenerate_matrix_ld_output_column():

@@ -193,6 +193,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BlaccError as exc:
         print(f"blacc: error: {exc}", file=sys.stderr)
         return 2
+    except OSError as exc:  # an output file that cannot be written
+        print(f"blacc: error: cannot write {exc.filename}: {exc.strerror}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -315,15 +315,16 @@ def _shape(program: t.TypedProgram, name: str) -> tuple[int, int]:
 
 def arg_specs(program: t.TypedProgram) -> tuple[ArgSpec, ...]:
     """The kernel's parameters: inputs, then outputs that are not inputs (see
-    TypedProgram.operands); outputs also read are 'inout'."""
+    TypedProgram.operands); outputs whose values on entry are read (inputs of the program,
+    TypedProgram.inputs) are 'inout'. An output read only after a statement has
+    assigned it (``y = A*x; y = 2*y``) is 'out': its values on entry are never used."""
     specs = []
     for name in program.operands:
         d = program.decls[name]
         rows, cols = _shape(program, name)
         if name not in program.outputs:
             role = IN
-        elif name in program.inputs or any(s.reads_output and s.target == name
-                                          for s in program.statements):
+        elif name in program.inputs:
             role = INOUT
         else:
             role = OUT
