@@ -295,12 +295,16 @@ def _block_edge_shapes(dtype):
     if not {"mc", "kc", "nc", "mr", "nr"} <= params.keys():
         pytest.skip(f"the plan for a large GEMM is not cache-blocked: {plan.describe()}")
     mc, kc, nc, mr, nr = (params[name] for name in ("mc", "kc", "nc", "mr", "nr"))
-    return [
-        (mc + 1, nr + 1, kc + 1),
-        (mc - 1, 2 * nr - 1, 2 * kc + 3),
+    shapes = [
+        (mc + 1, 2 * nr + 1, kc + 1),
+        (mc - 1, 3 * nr - 1, 2 * kc + 3),
         (mr + 1, nc + 1, 5),  # packing (m*n*k is large enough) with a partial n block
-        (2 * mc + mr - 1, nr - 1, kc - 1),
+        (2 * mc + mr - 1, 3 * nr - 1, kc - 1),
     ]
+    for m, n, k in shapes:  # narrow C is computed in place (test_gemm_in_place_plans...)
+        plan = blacc.explain(m=m, n=n, k=k, dtype=np.dtype(dtype)).plan
+        assert plan.strategy == "blis", (m, n, k, plan.describe())
+    return shapes
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -317,5 +321,36 @@ def test_gemm_across_cache_blocks(dtype, side, layout, rng, assert_gemm_close):
         ):
             _gemm_on_guarded(assert_gemm_close, seed, shape, dtype, placements,
                              trans_a, trans_b, 1.0)
+
+    run_isolated(body)
+
+
+# (m, n, k) per dtype and the register tiles that run over the operands in place
+# (strategy.gemm.choose): narrow C with B in cache (rows of tiles outside), few rows of C
+# with a long k and a large B (columns of tiles outside), in each tile shape.
+IN_PLACE_CASES = {
+    "f32": [((131, 8, 257), "mr=8, nr=8", 0), ((101, 24, 300), "mr=4, nr=24", 0),
+            ((5, 1000, 300), "mr=6, nr=16", 1), ((8, 999, 300), "mr=4, nr=24", 1)],
+    "f64": [((131, 4, 257), "mr=8, nr=4", 0), ((101, 12, 300), "mr=4, nr=12", 0),
+            ((5, 1000, 300), "mr=6, nr=8", 1), ((8, 999, 300), "mr=4, nr=12", 1)],
+}
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", range(4))
+def test_gemm_in_place_plans_against_guards(dtype, case, rng, assert_gemm_close):
+    """Each in-place plan (tile shape, loop order) on operands against guard pages, every
+    transpose, beta 0 and not."""
+    shape, tile, j_outer = IN_PLACE_CASES[f"f{np.dtype(dtype).itemsize * 8}"][case]
+    plan = blacc.explain(m=shape[0], n=shape[1], k=shape[2], dtype=np.dtype(dtype)).plan
+    assert plan.describe() == f"no_packing({tile}, ku=4, j_outer={j_outer})", plan.describe()
+    seed = int(rng.integers(2**32))
+
+    def body():
+        for side, layout, (trans_a, trans_b), beta in itertools.product(
+            SIDES, ("C", "ldF"), itertools.product((False, True), repeat=2), (0.0, 0.75)
+        ):
+            _gemm_on_guarded(assert_gemm_close, seed, shape, dtype, {
+                name: (side, layout) for name in "ABC"}, trans_a, trans_b, beta)
 
     run_isolated(body)

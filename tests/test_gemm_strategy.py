@@ -1,0 +1,101 @@
+"""How blacc picks a GEMM plan per shape (strategy.gemm): the register tile that fits
+m and n, and when register tiles run over the operands in place instead of packing.
+Correctness of every plan is tested in test_gemm.py and test_guard_pages.py."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from blacc.strategy.gemm import (
+    LONG_K,
+    PADDING_TOLERANCE,
+    SKINNY_ROWS,
+    SMALL_WORK,
+    choose,
+    register_tile,
+)
+from blacc.target.isa import AVX2, GENERIC
+from blacc.target.machine import DEFAULT_CACHES, Machine
+
+#: L2 256 KiB: operands of up to 128 KiB count as fitting in half of it
+MACHINE = Machine("test", "x86_64", caches=DEFAULT_CACHES)
+
+
+def _padded(m: int, n: int, mr: int, nr: int) -> int:
+    return -(-m // mr) * mr * -(-n // nr) * nr
+
+
+@pytest.mark.parametrize(("dtype", "lanes"), [("f32", 8), ("f64", 4)])
+def test_default_tile_is_six_rows_by_two_vectors(dtype, lanes):
+    assert register_tile(dtype, AVX2) == (6, 2 * lanes, lanes)
+    assert register_tile(dtype, AVX2, 1000, 1000) == (6, 2 * lanes, lanes)
+    assert register_tile(dtype, GENERIC, 1000, 8) == (4, 4, 1)
+
+
+@pytest.mark.parametrize(("m", "n", "tile"), [
+    (1000, 8, (8, 8)),    # 6 x 16 would compute twice the columns
+    (8, 1000, (4, 24)),   # two 4-row tiles, not 6 + 2 rows
+    (101, 24, (4, 24)),
+    (40, 40, (8, 8)),     # 6 x 16: 42 x 48 for 40 x 40
+    (32, 32, (6, 16)),    # 36 x 32 pads 12.5%: within the tolerance of the widest tile
+    (48, 48, (6, 16)),
+    (1, 1, (8, 8)),
+])
+def test_tile_fits_the_shape(m, n, tile):
+    assert register_tile("f32", AVX2, m, n)[:2] == tile
+
+
+@given(st.integers(1, 400), st.integers(1, 400), st.sampled_from(["f32", "f64"]))
+def test_tile_is_the_widest_within_the_padding_tolerance(m, n, dtype):
+    """The chosen tile pads C by at most PADDING_TOLERANCE over the least-padding tile of
+    the three, and no tile earlier in the preference order (6x2, 4x3, 8x1 vectors) does."""
+    lanes = AVX2.lanes(dtype)
+    order = [(6, 2 * lanes), (4, 3 * lanes), (8, lanes)]
+    least = min(_padded(m, n, *t) for t in order)
+    mr, nr, _ = register_tile(dtype, AVX2, m, n)
+    assert _padded(m, n, mr, nr) <= (1 + PADDING_TOLERANCE) * least
+    for tile in order[:order.index((mr, nr))]:
+        assert _padded(m, n, *tile) > (1 + PADDING_TOLERANCE) * least
+
+
+def _plan(m, n, k, dtype="f32", b_unit_cols=True):
+    return choose(m, n, k, dtype, machine=MACHINE, isa=AVX2, b_unit_cols=b_unit_cols)
+
+
+@pytest.mark.parametrize(("shape", "dtype", "expected"), [
+    # narrow C, B in half of L2: rows of tiles outside
+    ((1000, 8, 1000), "f32", "no_packing(mr=8, nr=8, ku=4, j_outer=0)"),
+    ((1000, 32, 1000), "f32", "no_packing(mr=6, nr=16, ku=4, j_outer=0)"),
+    ((1000, 16, 1000), "f64", "no_packing(mr=6, nr=8, ku=4, j_outer=0)"),
+    # few rows of C, long k, A in half of L2, B not: columns of tiles outside
+    ((8, 1000, 1000), "f32", "no_packing(mr=4, nr=24, ku=4, j_outer=1)"),
+    ((SKINNY_ROWS, 1000, 500), "f32", "no_packing(mr=6, nr=16, ku=4, j_outer=1)"),
+    # small products are never packed
+    ((48, 48, 48), "f32", "no_packing(mr=6, nr=16, ku=4, j_outer=0)"),
+])
+def test_skinny_shapes_run_in_place(shape, dtype, expected):
+    assert _plan(*shape, dtype).describe() == expected
+
+
+@pytest.mark.parametrize(("shape", "dtype"), [
+    ((1000, 1000, 1000), "f32"), ((49, 49, 49), "f32"),
+    ((1000, 33, 1000), "f32"),          # wider than two tiles
+    ((1000, 17, 1000), "f64"),
+    ((1000, 32, 1100), "f32"),          # B over half of L2
+    ((SKINNY_ROWS + 1, 1000, 1000), "f32"),
+    ((8, 1000, LONG_K - 1), "f32"),     # short k
+    ((32, 1000, 1100), "f32"),          # A over half of L2
+    ((8, 64, 400), "f32"),              # B fits in half of L2: packing it is cheap
+])
+def test_other_shapes_are_packed(shape, dtype):
+    assert _plan(*shape, dtype).strategy == "blis"
+
+
+def test_in_place_needs_unit_stride_rows_of_b():
+    """The tiles load rows of B as vectors: a B read across its rows is packed, even where
+    the shape alone would run in place (or the product is small)."""
+    for shape in [(1000, 8, 1000), (8, 1000, 1000), (20, 20, 20)]:
+        assert _plan(*shape, b_unit_cols=False).strategy == "blis"
+    assert 20 * 20 * 20 <= SMALL_WORK
