@@ -9,6 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from blacc.strategy.gemm import (
+    FEW_ROWS,
     LONG_K,
     PADDING_TOLERANCE,
     SKINNY_ROWS,
@@ -42,6 +43,9 @@ def test_default_tile_is_six_rows_by_two_vectors(dtype, lanes):
     (32, 32, (6, 16)),    # 36 x 32 pads 12.5%: within the tolerance of the widest tile
     (48, 48, (6, 16)),
     (1, 1, (8, 8)),
+    (1, 1000, (1, 56)),   # a row vector times a matrix: one row of 7 vectors
+    (3, 1000, (1, 56)),
+    (4, 1000, (4, 24)),
 ])
 def test_tile_fits_the_shape(m, n, tile):
     assert register_tile("f32", AVX2, m, n)[:2] == tile
@@ -50,9 +54,10 @@ def test_tile_fits_the_shape(m, n, tile):
 @given(st.integers(1, 400), st.integers(1, 400), st.sampled_from(["f32", "f64"]))
 def test_tile_is_the_widest_within_the_padding_tolerance(m, n, dtype):
     """The chosen tile pads C by at most PADDING_TOLERANCE over the least-padding tile of
-    the three, and no tile earlier in the preference order (6x2, 4x3, 8x1 vectors) does."""
+    the four, and no tile earlier in the preference order (6x2, 4x3, 8x1, 1x7 vectors)
+    does."""
     lanes = AVX2.lanes(dtype)
-    order = [(6, 2 * lanes), (4, 3 * lanes), (8, lanes)]
+    order = [(6, 2 * lanes), (4, 3 * lanes), (8, lanes), (1, 7 * lanes)]
     least = min(_padded(m, n, *t) for t in order)
     mr, nr, _ = register_tile(dtype, AVX2, m, n)
     assert _padded(m, n, mr, nr) <= (1 + PADDING_TOLERANCE) * least
@@ -72,6 +77,10 @@ def _plan(m, n, k, dtype="f32", b_unit_cols=True):
     # few rows of C, long k, A in half of L2, B not: columns of tiles outside
     ((8, 1000, 1000), "f32", "no_packing(mr=4, nr=24, ku=4, j_outer=1)"),
     ((SKINNY_ROWS, 1000, 500), "f32", "no_packing(mr=6, nr=16, ku=4, j_outer=1)"),
+    # at most FEW_ROWS rows: in place whatever k and B
+    ((1, 1000, 1000), "f32", "no_packing(mr=1, nr=56, ku=4, j_outer=1)"),
+    ((4, 1000, 64), "f64", "no_packing(mr=4, nr=12, ku=4, j_outer=1)"),
+    ((FEW_ROWS, 1000, 64), "f32", "no_packing(mr=6, nr=16, ku=4, j_outer=1)"),
     # small products are never packed
     ((48, 48, 48), "f32", "no_packing(mr=6, nr=16, ku=4, j_outer=0)"),
 ])
@@ -85,9 +94,9 @@ def test_skinny_shapes_run_in_place(shape, dtype, expected):
     ((1000, 17, 1000), "f64"),
     ((1000, 32, 1100), "f32"),          # B over half of L2
     ((SKINNY_ROWS + 1, 1000, 1000), "f32"),
-    ((8, 1000, LONG_K - 1), "f32"),     # short k
+    ((FEW_ROWS + 1, 1000, LONG_K - 1), "f32"),  # more than a few rows, short k
     ((32, 1000, 1100), "f32"),          # A over half of L2
-    ((8, 64, 400), "f32"),              # B fits in half of L2: packing it is cheap
+    ((24, 64, 400), "f32"),             # B fits in half of L2: packing it is cheap
 ])
 def test_other_shapes_are_packed(shape, dtype):
     assert _plan(*shape, dtype).strategy == "blis"

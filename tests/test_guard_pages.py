@@ -298,7 +298,7 @@ def _block_edge_shapes(dtype):
     shapes = [
         (mc + 1, 2 * nr + 1, kc + 1),
         (mc - 1, 3 * nr - 1, 2 * kc + 3),
-        (mr + 1, nc + 1, 5),  # packing (m*n*k is large enough) with a partial n block
+        (3 * mr + 1, nc + 1, 5),  # packed (m*n*k is large enough), a partial n block
         (2 * mc + mr - 1, 3 * nr - 1, kc - 1),
     ]
     for m, n, k in shapes:  # narrow C is computed in place (test_gemm_in_place_plans...)
@@ -330,14 +330,16 @@ def test_gemm_across_cache_blocks(dtype, side, layout, rng, assert_gemm_close):
 # with a long k and a large B (columns of tiles outside), in each tile shape.
 IN_PLACE_CASES = {
     "f32": [((131, 8, 257), "mr=8, nr=8", 0), ((101, 24, 300), "mr=4, nr=24", 0),
-            ((5, 1000, 300), "mr=6, nr=16", 1), ((8, 999, 300), "mr=4, nr=24", 1)],
+            ((6, 1000, 300), "mr=6, nr=16", 1), ((8, 999, 300), "mr=4, nr=24", 1),
+            ((3, 1001, 300), "mr=1, nr=56", 1)],
     "f64": [((131, 4, 257), "mr=8, nr=4", 0), ((101, 12, 300), "mr=4, nr=12", 0),
-            ((5, 1000, 300), "mr=6, nr=8", 1), ((8, 999, 300), "mr=4, nr=12", 1)],
+            ((6, 1000, 300), "mr=6, nr=8", 1), ((8, 999, 300), "mr=4, nr=12", 1),
+            ((3, 1001, 300), "mr=1, nr=28", 1)],
 }
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("case", range(4))
+@pytest.mark.parametrize("case", range(5))
 def test_gemm_in_place_plans_against_guards(dtype, case, rng, assert_gemm_close):
     """Each in-place plan (tile shape, loop order) on operands against guard pages, every
     transpose, beta 0 and not."""

@@ -68,14 +68,16 @@ def register_tile(dtype: str, isa: Isa, m: int | None = None, n: int | None = No
     """(mr, nr, lanes): 6 rows x 2 vectors, i.e. 12 accumulators + 2 b vectors + 1 broadcast
     = 15 of 16 registers on AVX2; the generic target uses a 4x4 scalar tile.
 
-    Given the problem's m and n: the first of 6 x 2, 4 x 3 and 8 x 1 (rows x vectors, most
-    FMAs per load first) that pads C by at most ``PADDING_TOLERANCE`` over the tile that
-    pads least. C = A*B with n = 8 f32 would waste half of every 16-wide tile and takes
-    8 x 1; m = 8 takes two 4-row tiles instead of 6 + 2 rows."""
+    Given the problem's m and n: the first of 6 x 2, 4 x 3, 8 x 1 and 1 x 7 (rows x
+    vectors, most FMAs per load first) that pads C by at most ``PADDING_TOLERANCE`` over
+    the tile that pads least. C = A*B with n = 8 f32 would waste half of every 16-wide
+    tile and takes 8 x 1; m = 8 takes two 4-row tiles instead of 6 + 2 rows; a row vector
+    times a matrix (m = 1) takes one row of 7 vectors."""
     lanes = isa.lanes(dtype)
     if lanes == 1:
         return 4, 4, 1
-    tiles = [(nv, _rows_for(nv, isa)) for nv in (2, 3, 1)]  # most FMAs per load first
+    widest = (isa.registers - 1) // 2  # one row: nv accumulators, nv vectors of B
+    tiles = [(nv, _rows_for(nv, isa)) for nv in (2, 3, 1, widest)]  # most FMAs per load first
     nv, mr = tiles[0]
     if m is not None and n is not None:
         def padded(tile: tuple[int, int]) -> int:
@@ -110,22 +112,25 @@ def _in_place_order(m: int, n: int, k: int, size: int, nr: int, machine: Machine
     of packing, which pay only when a packed block is reused by many tiles. False (rows
     of tiles outside): C is at most two default tiles wide (``nr`` columns each), so a
     packed block of A would serve at most two tiles, and B fits in half of L2, where it
-    stays while each row of A is read once. True (columns of tiles outside): C has at most
-    ``SKINNY_ROWS`` rows and k is long, and A fits in half of L2 while each column panel of
-    B is read once; packing B would copy a B too big for L2 for a few tiles each. None:
-    pack."""
+    stays while each row of A is read once. True (columns of tiles outside): A fits in
+    half of L2 while each column panel of B is read once, and C has at most ``FEW_ROWS``
+    rows (a packed B would serve at most three tiles), or at most ``SKINNY_ROWS`` with a
+    long k and a B too big for L2. None: pack."""
     half_l2 = _l2_bytes(machine) // 2
     b_fits = k * n * size <= half_l2
     if n <= 2 * nr and b_fits:
         return False
-    if m <= SKINNY_ROWS and k >= LONG_K and m * k * size <= half_l2 and not b_fits:
+    if m * k * size <= half_l2 and (
+            m <= FEW_ROWS or (m <= SKINNY_ROWS and k >= LONG_K and not b_fits)):
         return True
     return None
 
 
-#: See ``_in_place_order``. Measured on Zen 3 (n = k = 1000): in-place column panels beat
-#: packing 1.1-2.2x for m <= 16 and break even by m = 64; with a short k (64) or a B that
-#: fits in cache (so that packing it is cheap) the packed kernel wins.
+#: See ``_in_place_order``. Measured on Zen 3 (f32, n = 1000): in-place column panels beat
+#: packing 1.1-2.2x for m <= 16 at k = 1000 and 1.5-6x at k = 64; they break even by
+#: m = 64 at k = 1000, and lose at m = 64 with a short k (0.88x) or m = 32 with a B that
+#: fits in cache (0.90x, 32 x 256 x 256), where packing B is cheap.
+FEW_ROWS = 16
 SKINNY_ROWS = 32
 LONG_K = 256
 
@@ -149,8 +154,9 @@ SMALL_WORK = 48 * 48 * 48
 
 def choose(m: int, n: int, k: int, dtype: str, *, machine: Machine, isa: Isa,
            b_unit_cols: bool) -> Plan:
-    """The strategy for one shape: packing unless the problem is small and B can be read
-    with unit stride along its columns (the vector loads need that)."""
+    """The strategy for one shape: packing, unless the problem is small or skinny
+    (``_in_place_order``) and B can be read with unit stride along its columns (the
+    vector loads need that); then register tiles fitted to m and n run in place."""
     mr, nr, lanes = register_tile(dtype, isa)
     ku = 4
     size = 4 if dtype == "f32" else 8
