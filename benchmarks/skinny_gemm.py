@@ -15,9 +15,9 @@ import blacc
 from blacc.bench.gemm import parse_shape, verify_gemm
 from blacc.bench.timing import measure_interleaved, single_thread
 
-SHAPES = ("1000x8x1000", "1000x16x1000", "4000x4x4000", "2000x24x300", "1000x8x100",
-          "1x1000x1000", "2x1000x1000", "3x1000x64", "8x1000x1000", "16x1000x1000",
-          "32x1000x1000", "5x2000x500", "40x40x40")
+SHAPES = ("1000x1x1000", "4000x1x4000", "1000x8x1000", "1000x16x1000", "4000x4x4000",
+          "2000x24x300", "1000x8x100", "1x1000x1000", "2x1000x1000", "3x1000x64",
+          "8x1000x1000", "16x1000x1000", "32x1000x1000", "5x2000x500", "40x40x40")
 
 
 def bench(dtype: np.dtype, m: int, n: int, k: int) -> str:

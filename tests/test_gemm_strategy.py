@@ -102,6 +102,23 @@ def test_other_shapes_are_packed(shape, dtype):
     assert _plan(*shape, dtype).strategy == "blis"
 
 
+@pytest.mark.parametrize("dtype", ["f32", "f64"])
+def test_matrix_times_vector_is_a_tile_of_dot_products(dtype):
+    """n = 1 with rows of A and the vector contiguous: dot products along k; otherwise
+    (A read down its columns, a strided vector, or no vectors) the tiles of C."""
+    def plan(a_unit, b_rows, isa=AVX2):
+        return choose(1000, 1, 1000, dtype, machine=MACHINE, isa=isa, b_unit_cols=True,
+                      a_unit_cols=a_unit, b_unit_rows=b_rows)
+
+    assert plan(True, True).describe() == "dot_tiles(mr=8, nr=1, ku=2)"
+    assert plan(True, True).known_strides == (("A_s1", 1), ("B_s0", 1))
+    for a_unit, b_rows in [(False, True), (True, False)]:
+        assert plan(a_unit, b_rows).strategy == "no_packing"
+    assert plan(True, True, GENERIC).strategy == "no_packing"
+    assert choose(1000, 2, 1000, dtype, machine=MACHINE, isa=AVX2, b_unit_cols=True,
+                  a_unit_cols=True, b_unit_rows=True).strategy == "no_packing"
+
+
 def test_in_place_needs_unit_stride_rows_of_b():
     """The tiles load rows of B as vectors: a B read across its rows is packed, even where
     the shape alone would run in place (or the product is small)."""

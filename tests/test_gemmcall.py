@@ -170,8 +170,11 @@ def test_extension_flags():
     address, sized = _kernel("f64", m, n, k)
     unit = ext.UNIT_A | ext.UNIT_B | ext.UNIT_C
     c = np.zeros((m, n))
-    with pytest.raises(ValueError, match="unit column stride"):  # A^T has unit row stride
+    with pytest.raises(ValueError, match="needs a unit stride"):  # A^T has unit row stride
         call(address, sized, 1.0, a.T, b.T, 0.0, c, ext.UNIT_A)
+    with pytest.raises(ValueError, match="needs a unit stride"):  # rows of B are n apart
+        call(address, sized, 1.0, np.ascontiguousarray(a.T), np.ascontiguousarray(b.T),
+             0.0, c, ext.UNIT_B_ROWS)
     assert call(address, sized, 1.0, np.ascontiguousarray(a.T), np.ascontiguousarray(b.T),
                 0.0, c, unit) == 0
     np.testing.assert_allclose(c, a.T @ b.T, rtol=1e-12)

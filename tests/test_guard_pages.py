@@ -329,23 +329,29 @@ def test_gemm_across_cache_blocks(dtype, side, layout, rng, assert_gemm_close):
 # (strategy.gemm.choose): narrow C with B in cache (rows of tiles outside), few rows of C
 # with a long k and a large B (columns of tiles outside), in each tile shape.
 IN_PLACE_CASES = {
-    "f32": [((131, 8, 257), "mr=8, nr=8", 0), ((101, 24, 300), "mr=4, nr=24", 0),
-            ((6, 1000, 300), "mr=6, nr=16", 1), ((8, 999, 300), "mr=4, nr=24", 1),
-            ((3, 1001, 300), "mr=1, nr=56", 1)],
-    "f64": [((131, 4, 257), "mr=8, nr=4", 0), ((101, 12, 300), "mr=4, nr=12", 0),
-            ((6, 1000, 300), "mr=6, nr=8", 1), ((8, 999, 300), "mr=4, nr=12", 1),
-            ((3, 1001, 300), "mr=1, nr=28", 1)],
+    "f32": [((131, 8, 257), "no_packing(mr=8, nr=8, ku=4, j_outer=0)"),
+            ((101, 24, 300), "no_packing(mr=4, nr=24, ku=4, j_outer=0)"),
+            ((6, 1000, 300), "no_packing(mr=6, nr=16, ku=4, j_outer=1)"),
+            ((8, 999, 300), "no_packing(mr=4, nr=24, ku=4, j_outer=1)"),
+            ((3, 1001, 300), "no_packing(mr=1, nr=56, ku=4, j_outer=1)"),
+            ((37, 1, 301), "dot_tiles(mr=8, nr=1, ku=2)")],
+    "f64": [((131, 4, 257), "no_packing(mr=8, nr=4, ku=4, j_outer=0)"),
+            ((101, 12, 300), "no_packing(mr=4, nr=12, ku=4, j_outer=0)"),
+            ((6, 1000, 300), "no_packing(mr=6, nr=8, ku=4, j_outer=1)"),
+            ((8, 999, 300), "no_packing(mr=4, nr=12, ku=4, j_outer=1)"),
+            ((3, 1001, 300), "no_packing(mr=1, nr=28, ku=4, j_outer=1)"),
+            ((37, 1, 301), "dot_tiles(mr=8, nr=1, ku=2)")],
 }
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("case", range(5))
+@pytest.mark.parametrize("case", range(6))
 def test_gemm_in_place_plans_against_guards(dtype, case, rng, assert_gemm_close):
-    """Each in-place plan (tile shape, loop order) on operands against guard pages, every
-    transpose, beta 0 and not."""
-    shape, tile, j_outer = IN_PLACE_CASES[f"f{np.dtype(dtype).itemsize * 8}"][case]
+    """Each in-place plan (tile shape, loop order; dot products for a matrix times a
+    vector) on operands against guard pages, every transpose, beta 0 and not."""
+    shape, expected = IN_PLACE_CASES[f"f{np.dtype(dtype).itemsize * 8}"][case]
     plan = blacc.explain(m=shape[0], n=shape[1], k=shape[2], dtype=np.dtype(dtype)).plan
-    assert plan.describe() == f"no_packing({tile}, ku=4, j_outer={j_outer})", plan.describe()
+    assert plan.describe() == expected, plan.describe()
     seed = int(rng.integers(2**32))
 
     def body():

@@ -60,6 +60,11 @@ CASES = {
     # the register tile is the last two loops even when i was tiled before
     "i-blocked-f64-scalar": ("f64", (Tile((("i", 12), ("j", 8))), Tile((("i", 4),))), {},
                              (GENERIC,)),
+    # tiles of dot products (Vectorize along k): rows of A and columns of B contiguous
+    "dot-f32-v8": ("f32", (Tile((("i", 8), ("j", 1))), UnrollJam("k", 2), Vectorize("k", 8)),
+                   {"A_s1": 1, "B_s0": 1}, (AVX2,)),
+    "dot-f64-v4": ("f64", (Tile((("i", 3), ("j", 2))), UnrollJam("k", 3), Vectorize("k", 4)),
+                   {"A_s1": 1, "B_s0": 1}, (AVX2,)),
 }
 SHAPES = [(1, 1, 1), (5, 3, 7), (13, 37, 19), (6, 16, 9), (12, 33, 17)]
 SCALARS = [(1.0, 0.0), (-0.5, 1.0), (2.5, -0.5), (1.0, 2.5), (0.0, -0.5), (-0.5, 0.0)]
@@ -108,8 +113,11 @@ def _place(x: np.ndarray, layout: str, pad: float) -> tuple[np.ndarray, int, int
 
 
 def _call(case, level, m, n, k_, *, alpha, beta, rng, trans_a=False, trans_b=False,
-          layouts=("C", "C", "C"), c_nan=False, assert_close=None):
-    """Run the case's module at ``level`` and check C against NumPy (and untouched padding)."""
+          layouts=None, c_nan=False, assert_close=None):
+    """Run the case's module at ``level`` and check C against NumPy (and untouched padding).
+    Default layouts: row-major, but B column-major where the case fixes B_s0 = 1."""
+    if layouts is None:
+        layouts = ("C", "F" if CASES[case][2].get("B_s0") == 1 else "C", "C")
     dtype = NP[CASES[case][0]]
     a = rng.uniform(-1, 1, size=(k_, m) if trans_a else (m, k_)).astype(dtype)
     b = rng.uniform(-1, 1, size=(n, k_) if trans_b else (k_, n)).astype(dtype)
@@ -168,6 +176,12 @@ def _layout_params():
               ("ldF", "ld", "ld")]
     for case, (_, _, strides, isas) in CASES.items():
         level = f"lowered-{isas[0].name}"
+        if strides.get("B_s0") == 1:  # rows of A, columns of B contiguous; no transposes
+            for lay in [("C", "F", "C"), ("ld", "ldF", "ld"), ("C", "ldF", "strided"),
+                        ("ld", "F", "F")]:
+                yield pytest.param(case, level, False, False, lay,
+                                   id=f"{case}-NN-{'/'.join(lay)}")
+            continue
         for (ta, tb), lay in itertools.product(itertools.product((False, True), repeat=2), combos):
             if strides.get("C_s1") == 1 and lay[2] not in ("C", "ld"):
                 continue
@@ -210,11 +224,13 @@ def test_strides_reinterpret_one_buffer(case, rng):
 # ----------------------------------------------------------------------------- interpreter checks
 
 
-def _args(dtype, m, n, k_):
+def _args(dtype, m, n, k_, b_rows_unit=False):
+    """Row-major operands (B column-major with ``b_rows_unit``), all ones."""
     t = NP[dtype]
+    b_s0, b_s1 = (1, k_) if b_rows_unit else (n, 1)
     return dict(m=m, n=n, k=k_, alpha=1.0, A=np.ones(m * k_, t), A_s0=k_, A_s1=1,
-                B=np.ones(k_ * n, t), B_s0=n, B_s1=1, beta=1.0, C=np.zeros(m * n, t), C_s0=n,
-                C_s1=1)
+                B=np.ones(k_ * n, t), B_s0=b_s0, B_s1=b_s1, beta=1.0, C=np.zeros(m * n, t),
+                C_s0=n, C_s1=1)
 
 
 @pytest.mark.parametrize("case, level", list(_level_params()))
@@ -222,7 +238,7 @@ def _args(dtype, m, n, k_):
 def test_out_of_bounds_raises_index_error(case, level, short):
     dtype = CASES[case][0]
     m, n, k_ = 5, 3, 7
-    args = _args(dtype, m, n, k_)
+    args = _args(dtype, m, n, k_, b_rows_unit=CASES[case][2].get("B_s0") == 1)
     args[short] = args[short][:-1]  # one element too few: the last one is read or written
     with pytest.raises(IndexError):
         run(_module(case, level), args)
@@ -257,7 +273,8 @@ def test_interpreter_argument_checks():
 @settings(max_examples=25, deadline=None)
 @given(m=st.integers(1, 14), n=st.integers(1, 18), k_=st.integers(1, 11),
        alpha=st.sampled_from([1.0, -0.5, 2.5]), beta=st.sampled_from([0.0, 1.0, -0.5]),
-       case=st.sampled_from(["blis-f64-scalar", "no_packing-f32-v8", "pack-B-only-f32-v8"]),
+       case=st.sampled_from(["blis-f64-scalar", "no_packing-f32-v8", "pack-B-only-f32-v8",
+                             "dot-f32-v8", "dot-f64-v4"]),
        seed=st.integers(0, 2**16))
 def test_lowered_property(m, n, k_, alpha, beta, case, seed):
     rng = np.random.default_rng(seed)

@@ -253,10 +253,21 @@ def test_pack_bad_operand_or_twice():
                     Tile((("j", 16), ("i", 6)))))
 
 
-@pytest.mark.parametrize("dim", ["i", "k", "q"])
-def test_vectorize_only_j(dim):
+@pytest.mark.parametrize("dim", ["i", "q"])
+def test_vectorize_only_j_or_k(dim):
     with pytest.raises(ScheduleError, match="Vectorize"):
         apply(F32, (Tile((("i", 6), ("j", 16))), Vectorize(dim, 8)), known_strides=CS1)
+
+
+@pytest.mark.parametrize("extra", [
+    (Tile((("k", 64),)), Pack("A", 4)),  # packed
+    (Tile((("k", 64),)),),  # k blocked
+])
+def test_vectorize_k_reads_operands_in_place(extra):
+    """A tile of dot products runs over all of k on the operands as given."""
+    with pytest.raises(ScheduleError, match="dot products"):
+        apply(F32, (*extra, Tile((("i", 4), ("j", 1))), Vectorize("k", 8)))
+    apply(F32, (Tile((("i", 4), ("j", 1))), Vectorize("k", 8)))  # fine on its own
 
 
 @pytest.mark.parametrize("nr, lanes", [(16, 3), (12, 8), (6, 4), (1, 2)])

@@ -88,14 +88,17 @@ def explain(A: np.ndarray | None = None, B: np.ndarray | None = None, *, m: int 
     if A is not None and B is not None:
         call = check_gemm(A, B, None, 1.0, 0.0, trans_a, trans_b)
         (m, k), n, dt = call.a.shape, call.b.shape[1], call.dtype
-        b_unit = call.b.strides[1] == call.b.itemsize
+        size = call.b.itemsize
+        a_unit = call.a.strides[1] == size
+        b_unit, b_rows = call.b.strides[1] == size, call.b.strides[0] == size
     else:
         if m is None or n is None or k is None:
             raise TypeError("explain needs A and B, or m, n and k")
         dt = float_type_of(dtype)
-        b_unit = not trans_b
+        a_unit, b_unit, b_rows = not trans_a, not trans_b, trans_b or n == 1
     tgt = host_target()
-    plan = choose(m, n, k, dt, machine=tgt.machine, isa=tgt.isa, b_unit_cols=b_unit)
+    plan = choose(m, n, k, dt, machine=tgt.machine, isa=tgt.isa, b_unit_cols=b_unit,
+                  a_unit_cols=a_unit, b_unit_rows=b_rows)
     chosen = resolve_backend(backend)
     kern = gemm_kernel(dt, plan, tgt.isa, chosen)
     levels = tuple((name, printer.module(mod)) for name, mod in kern.levels)

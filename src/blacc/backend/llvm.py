@@ -240,6 +240,14 @@ class _FunctionWriter:
             return self.value(self.call(name, c.type, [a, b, c]), e.dtype, e.lanes)
         if isinstance(e, k.Select):
             return self.select(e)
+        if isinstance(e, k.Reduce):  # a horizontal add, in any order (reassoc)
+            x = self.expr(e.x)
+            if x.lanes == 1:
+                return x
+            name = f"llvm.vector.reduce.fadd.{_suffix(e.dtype, x.lanes)}"
+            start = _Val(_literal(-0.0, e.dtype), e.dtype)
+            return self.value(self.call(name, _SCALAR[e.dtype], [start, x], flags="reassoc"),
+                              e.dtype)
         if isinstance(e, k.Ref):
             return _Val(self.address(e.buf, e.index), "ptr")
         if isinstance(e, k.MatrixLoad):

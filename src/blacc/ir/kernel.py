@@ -435,13 +435,16 @@ class Barrier(Stmt):
 @dataclass(frozen=True)
 class Tile:
     """A register tile of accumulators: ``rows x cols`` elements of ``dtype``, its columns
-    held ``lanes`` at a time in vector registers (1: scalars)."""
+    held ``lanes`` at a time in vector registers (1: scalars). With ``along='k'`` each
+    element has a vector of its own holding ``lanes`` partial sums over the reduction,
+    added up when the tile is stored (a tile of dot products)."""
 
     name: str
     dtype: str
     rows: int
     cols: int
     lanes: int = 1
+    along: str = "j"
 
 
 @dataclass(frozen=True)

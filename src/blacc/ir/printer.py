@@ -94,9 +94,9 @@ def stmt(s: k.Stmt, indent: int = 0) -> list[str]:
         return [f"{pad}pack_slivers({s.dst} <- {_operand(s.src)}, rows={expr(s.rows)}, "
                 f"cols={expr(s.cols)}, width={s.width})"]
     if isinstance(s, k.TileZero):
-        return [f"{pad}{s.tile.name}[{s.tile.rows}x{s.tile.cols}] = 0"]
+        return [f"{pad}{_tile(s.tile)} = 0"]
     if isinstance(s, k.TileMMA):
-        return [f"{pad}tile_mma({s.tile.name}[{s.tile.rows}x{s.tile.cols}] += {_operand(s.a)} x "
+        return [f"{pad}tile_mma({_tile(s.tile)} += {_operand(s.a)} x "
                 f"{_operand(s.b)}, k={expr(s.k)}, rows={expr(s.rows)}, cols={expr(s.cols)}, "
                 f"padded={s.padded}, unroll={s.unroll})"]
     if isinstance(s, k.MatrixStore):
@@ -106,6 +106,10 @@ def stmt(s: k.Stmt, indent: int = 0) -> list[str]:
         return [f"{pad}tile_store({_operand(s.c)} <- {expr(s.alpha)}*{s.tile.name} + "
                 f"{expr(s.beta)}*C, rows={expr(s.rows)}, cols={expr(s.cols)})"]
     raise TypeError(f"cannot print {type(s).__name__}")
+
+
+def _tile(t: k.Tile) -> str:
+    return f"{t.name}[{t.rows}x{t.cols}{', along k' if t.along == 'k' else ''}]"
 
 
 def block(body: tuple[k.Stmt, ...], indent: int) -> list[str]:

@@ -46,6 +46,7 @@ from .gemmcall import (
     TRANS_B,
     UNIT_A,
     UNIT_B,
+    UNIT_B_ROWS,
     UNIT_C,
     gemm_caller,
 )
@@ -198,7 +199,8 @@ _DISPATCH_LIMIT = 4096
 _PACKING_FAILED = "blacc: the GEMM kernel could not allocate its packing buffers"
 
 #: The extension's flags for the strides a plan fixes (all of them unit column strides).
-_UNIT_FLAGS = {("A_s1", 1): UNIT_A, ("B_s1", 1): UNIT_B, ("C_s1", 1): UNIT_C}
+_UNIT_FLAGS = {("A_s1", 1): UNIT_A, ("B_s1", 1): UNIT_B, ("C_s1", 1): UNIT_C,
+               ("B_s0", 1): UNIT_B_ROWS}
 
 
 def _unit_flags(plan: Plan) -> int | None:
@@ -213,15 +215,16 @@ def _unit_flags(plan: Plan) -> int | None:
 
 
 def dispatch(tgt: Target, backend: str, strategy: str, dtype: str, m: int, n: int, k: int,
-             a_unit: bool, b_unit: bool) -> tuple[NativeKernel, bool, int, int | None]:
+             a_unit: bool, b_unit: bool, b_unit_rows: bool = False
+             ) -> tuple[NativeKernel, bool, int, int | None]:
     """The compiled kernel for one problem shape on ``tgt`` with ``backend``, whether its
     entry takes the extents (fixed-size kernels have them compiled in), its address, and
     the extension's flags that check the strides it was compiled for."""
-    key = (id(tgt), backend, strategy, dtype, m, n, k, a_unit, b_unit)
+    key = (id(tgt), backend, strategy, dtype, m, n, k, a_unit, b_unit, b_unit_rows)
     found = _DISPATCH.get(key)
     if found is None:
         plan = plan_for(strategy, m, n, k, dtype, machine=tgt.machine, isa=tgt.isa,
-                        a_unit_cols=a_unit, b_unit_cols=b_unit)
+                        a_unit_cols=a_unit, b_unit_cols=b_unit, b_unit_rows=b_unit_rows)
         kernel = gemm_kernel(dtype, plan, tgt.isa, backend).native
         entry = kernel.module.function(kernel.module.entry)
         address = ctypes.cast(kernel.function, ctypes.c_void_p).value or 0
@@ -323,7 +326,7 @@ def run_gemm(call: GemmCall, target: Target | None = None, backend: str = "c",
     size = a.itemsize
     kernel, takes_extents, address, unit = dispatch(
         target or host_target(), backend, strategy, call.dtype, mk, nk, k,
-        a.strides[1] == size, b.strides[1] == size)
+        a.strides[1] == size, b.strides[1] == size, b.strides[0] == size)
     callers = gemm_caller()
     if callers is not None:
         status = callers[call.dtype](address, takes_extents, call.alpha, a, b, call.beta, out_k)

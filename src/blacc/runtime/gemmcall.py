@@ -31,14 +31,17 @@ from .build import host_compiler
 from .pycall import compile_extension
 
 __all__ = ["CHECK_OVERLAP", "GIL_RELEASE_FLOPS", "MAY_OVERLAP", "SWAP", "TRANS_A", "TRANS_B",
-           "UNIT_A", "UNIT_B", "UNIT_C", "gemm_caller", "caller_source"]
+           "UNIT_A", "UNIT_B", "UNIT_B_ROWS", "UNIT_C", "gemm_caller", "caller_source"]
 
-#: Flags of the extension's optional last argument (its C gets them as #defines).
+#: Flags of the extension's optional last argument (its C gets them as #defines). UNIT_X:
+#: the kernel needs a unit column stride of X; UNIT_B_ROWS: a unit row stride of B.
 TRANS_A, TRANS_B, SWAP, UNIT_A, UNIT_B, UNIT_C, CHECK_OVERLAP = 1, 2, 4, 8, 16, 32, 64
+UNIT_B_ROWS = 128
 #: What the extension returns, without calling the kernel, when C may overlap A or B.
 MAY_OVERLAP = -2
 _DEFINES = {"TRANS_A": TRANS_A, "TRANS_B": TRANS_B, "SWAP": SWAP, "UNIT_A": UNIT_A,
-            "UNIT_B": UNIT_B, "UNIT_C": UNIT_C, "CHECK_OVERLAP": CHECK_OVERLAP,
+            "UNIT_B": UNIT_B, "UNIT_C": UNIT_C, "UNIT_B_ROWS": UNIT_B_ROWS,
+            "CHECK_OVERLAP": CHECK_OVERLAP,
             "MAY_OVERLAP": MAY_OVERLAP}
 
 #: Release the GIL when m*n*k is at least this: below it the product takes less time
@@ -133,8 +136,8 @@ static PyObject *NAME(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     }                                                                                     \
     const Py_ssize_t e = (Py_ssize_t)sizeof(T);                                           \
     if (((flags & UNIT_A) && ta[1] != e) || ((flags & UNIT_B) && tb[1] != e) ||           \
-        ((flags & UNIT_C) && tc[1] != e)) {                                               \
-        PyErr_SetString(PyExc_ValueError, "the kernel needs a unit column stride");       \
+        ((flags & UNIT_C) && tc[1] != e) || ((flags & UNIT_B_ROWS) && tb[0] != e)) {      \
+        PyErr_SetString(PyExc_ValueError, "the kernel needs a unit stride");              \
         goto fail;                                                                        \
     }                                                                                     \
     if ((flags & CHECK_OVERLAP) && (overlap(&v[2], &v[0]) || overlap(&v[2], &v[1]))) {    \

@@ -153,13 +153,18 @@ SMALL_WORK = 48 * 48 * 48
 
 
 def choose(m: int, n: int, k: int, dtype: str, *, machine: Machine, isa: Isa,
-           b_unit_cols: bool) -> Plan:
+           b_unit_cols: bool, a_unit_cols: bool = False, b_unit_rows: bool = False
+           ) -> Plan:
     """The strategy for one shape: packing, unless the problem is small or skinny
     (``_in_place_order``) and B can be read with unit stride along its columns (the
-    vector loads need that); then register tiles fitted to m and n run in place."""
+    vector loads need that); then register tiles fitted to m and n run in place. A
+    matrix times a vector (n = 1) with rows of A and the vector contiguous is a tile of
+    dot products (``dot_tiles``)."""
     mr, nr, lanes = register_tile(dtype, isa)
     ku = 4
     size = 4 if dtype == "f32" else 8
+    if n == 1 and lanes > 1 and a_unit_cols and b_unit_rows:
+        return dot_tiles(lanes)
     if b_unit_cols or lanes == 1:
         j_outer = _in_place_order(m, n, k, size, nr, machine)
         if m * n * k <= SMALL_WORK:
@@ -171,6 +176,23 @@ def choose(m: int, n: int, k: int, dtype: str, *, machine: Machine, isa: Isa,
     return Plan("blis", params, blis(blk.mc, blk.kc, blk.nc, mr, nr, ku, lanes), (("C_s1", 1),))
 
 
+#: Rows of a tile of dot products (one column): accumulators enough to cover the FMA
+#: latency on both pipes, each a stream of A read from memory.
+DOT_ROWS = 8
+DOT_UNROLL = 2
+
+
+def dot_tiles(lanes: int) -> Plan:
+    """C = A x for a vector x: ``DOT_ROWS`` rows of A at a time, each row's dot product
+    with x in a vector of partial sums along k (``Vectorize('k')``), added up at the
+    store. Where a tile vectorized along n would use one lane in ``lanes``, this uses
+    all of them; A is read once, row by row, as NumPy's GEMV does."""
+    schedule = (Tile((("i", DOT_ROWS), ("j", 1))), UnrollJam("k", DOT_UNROLL),
+                Vectorize("k", lanes))
+    params = (("mr", DOT_ROWS), ("nr", 1), ("ku", DOT_UNROLL))
+    return Plan("dot_tiles", params, schedule, (("A_s1", 1), ("B_s0", 1)))
+
+
 def _tiling(mr: int, nr: int, ku: int, lanes: int, j_outer: bool) -> Plan:
     strides = (("B_s1", 1), ("C_s1", 1)) if lanes > 1 else (("C_s1", 1),)
     return Plan("no_packing", (("mr", mr), ("nr", nr), ("ku", ku), ("j_outer", int(j_outer))),
@@ -178,13 +200,14 @@ def _tiling(mr: int, nr: int, ku: int, lanes: int, j_outer: bool) -> Plan:
 
 
 def plan_for(strategy: str, m: int, n: int, k: int, dtype: str, *, machine: Machine, isa: Isa,
-             a_unit_cols: bool, b_unit_cols: bool) -> Plan:
+             a_unit_cols: bool, b_unit_cols: bool, b_unit_rows: bool = False) -> Plan:
     """The plan of a named strategy for one shape ('auto': ``choose``)."""
     from ..errors import ScheduleError
     from . import intrinsic
 
     if strategy == "auto":
-        return choose(m, n, k, dtype, machine=machine, isa=isa, b_unit_cols=b_unit_cols)
+        return choose(m, n, k, dtype, machine=machine, isa=isa, b_unit_cols=b_unit_cols,
+                      a_unit_cols=a_unit_cols, b_unit_rows=b_unit_rows)
     mr, nr, lanes = register_tile(dtype, isa)
     size = 4 if dtype == "f32" else 8
     if strategy == "blis":

@@ -64,6 +64,7 @@ class _Plan:
     unroll: int
     lanes: int
     prefetch: dict[str, int]  # operand -> distance
+    vector_dim: str = "j"  # the dimension on the lanes: the output's columns, or k
     balanced: set[int] = field(default_factory=set)  # depths of loops with equal tiles
 
 
@@ -94,10 +95,12 @@ def _read_schedule(op: Contraction, r: _Roles, schedule: Schedule) -> _Plan:
                                     f"jammed, not {t.dim!r}")
             plan.unroll = t.factor
         elif isinstance(t, Vectorize):
-            if t.dim != r.j:
+            if t.dim not in (r.j, r.k):
                 raise ScheduleError(f"Vectorize: only {r.j!r}, the output's unit-stride "
-                                    f"dimension, maps onto lanes, not {t.dim!r}")
+                                    f"dimension, or the reduction {r.k!r} maps onto lanes, "
+                                    f"not {t.dim!r}")
             plan.lanes = t.lanes
+            plan.vector_dim = "k" if t.dim == r.k else "j"
         elif isinstance(t, Prefetch):
             if t.operand not in (r.left, r.right):
                 raise ScheduleError(f"Prefetch: {t.operand!r} is not an input of {op.name}")
@@ -132,9 +135,13 @@ def _check(plan: _Plan, r: _Roles) -> tuple[int, int]:
         if operand not in plan.packs:
             raise ScheduleError(f"Prefetch({operand!r}) needs the operand packed: only a "
                                 "packed panel is contiguous")
-    if nr % plan.lanes:
+    if plan.vector_dim == "j" and nr % plan.lanes:
         raise ScheduleError(f"Vectorize: {plan.lanes} lanes do not divide the register "
                             f"tile's {r.j}={nr}")
+    if plan.vector_dim == "k" and (plan.packs or plan.prefetch or k_depths):
+        raise ScheduleError(f"Vectorize({r.k!r}): a tile of dot products reads its operands "
+                            f"in place along the whole reduction: no Pack, Prefetch or Tile "
+                            f"of {r.k!r}")
     return mr, nr
 
 
@@ -247,7 +254,8 @@ def apply(op: Contraction, schedule: Schedule, *, name: str = "kernel",
     roles = {r.left: "a", r.right: "b"}
     prefetch = tuple(sorted((roles[o], d) for o, d in plan.prefetch.items()))
     micro = _micro_kernel(f"{name}_micro", dt, mr, nr, plan.unroll, plan.lanes,
-                          padded=len(plan.packs) == 2, prefetch=prefetch)
+                          padded=len(plan.packs) == 2, prefetch=prefetch,
+                          along=plan.vector_dim)
     body = (*allocs, *loops, *frees)
     if known_strides:
         body = simplify(substitute(body, {s: k.Const(v) for s, v in known_strides.items()}))
@@ -270,7 +278,8 @@ def _entry_params(op: Contraction) -> tuple[k.Param, ...]:
 
 
 def _micro_kernel(name: str, dt: str, mr: int, nr: int, unroll: int, lanes: int,
-                  padded: bool, prefetch: tuple[tuple[str, int], ...]) -> k.Function:
+                  padded: bool, prefetch: tuple[tuple[str, int], ...], along: str = "j"
+                  ) -> k.Function:
     """C[0:rows, 0:cols] = alpha * A[0:mr, 0:kc] @ B[0:kc, 0:nr] + beta * C, as tile ops."""
     i64 = "i64"
     params = (k.Param("kc", i64), k.Param("a", dt, True, True), k.Param("a_rs", i64),
@@ -279,7 +288,7 @@ def _micro_kernel(name: str, dt: str, mr: int, nr: int, unroll: int, lanes: int,
               k.Param("c_cs", i64), k.Param("rows", i64), k.Param("cols", i64),
               k.Param("alpha", dt), k.Param("beta", dt))
     v = {p.name: p.var for p in params}
-    tile = k.Tile("acc", dt, mr, nr, lanes)
+    tile = k.Tile("acc", dt, mr, nr, lanes, along)
     a = k.Operand2D("a", k.Const(0), v["a_rs"], v["a_cs"])
     b = k.Operand2D("b", k.Const(0), v["b_rs"], v["b_cs"])
     c = k.Operand2D("c", k.Const(0), v["c_rs"], v["c_cs"])

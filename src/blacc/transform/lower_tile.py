@@ -13,6 +13,10 @@ one lane (the generic target) the same walk makes scalar accumulators.
 Edges: when the operands are not zero-padded the tile has a second, guarded
 copy of the loop for edge tiles (rows clamped, b loaded with masks); stores are
 masked at edges; beta == 0 never loads c.
+
+A tile vectorized along k (``Tile.along == 'k'``) is a tile of dot products: per step of
+``lanes`` k values, a vector of each row of a and of each column of b and an FMA per
+element; the last partial step loads with masks; the store sums each element's lanes.
 """
 
 from __future__ import annotations
@@ -66,12 +70,17 @@ def _acc(tile: k.Tile, r: int, v: int) -> k.Var:
     return k.Var(f"{tile.name}_{r}_{v}", tile.dtype, tile.lanes)
 
 
+def _vectors(tile: k.Tile) -> int:
+    """Accumulators per row: one per vector of columns, or one per column along k."""
+    return tile.cols if tile.along == "k" else tile.cols // tile.lanes
+
+
 def _zero(tile: k.Tile, isa: Isa) -> list[k.Stmt]:
     lanes = _lanes(tile, isa)
     zero = k.Const(0.0, tile.dtype)
     init = k.Broadcast(zero, lanes) if lanes > 1 else zero
     return [k.Decl(_acc(tile, r, v), init)
-            for r in range(tile.rows) for v in range(tile.cols // lanes)]
+            for r in range(tile.rows) for v in range(_vectors(tile))]
 
 
 def _unit(e: k.Expr, what: str) -> None:
@@ -82,6 +91,8 @@ def _unit(e: k.Expr, what: str) -> None:
 
 def _mma(s: k.TileMMA, isa: Isa, hint: bool) -> list[k.Stmt]:
     lanes = _lanes(s.tile, isa)
+    if s.tile.along == "k":
+        return _dot_mma(s, lanes)
     if lanes > 1:
         _unit(s.b.cs, f"operand {s.b.buf!r}")
     full = _mma_loops(s, lanes, guarded=False, tag="", hint=hint)
@@ -134,6 +145,51 @@ def _mma_loops(s: k.TileMMA, lanes: int, *, guarded: bool, tag: str,
             k.For(p, main, s.k, 1, tuple(step(p, 0)))]
 
 
+def _dot_mma(s: k.TileMMA, lanes: int) -> list[k.Stmt]:
+    """A tile of dot products: rows of a and columns of b read ``lanes`` k values at a
+    time (unit stride along k), full tiles unrolled ``s.unroll`` steps, edge tiles with
+    their rows and columns clamped (recomputing the last one; the store skips them)."""
+    _unit(s.a.cs, f"operand {s.a.buf!r}")
+    _unit(s.b.rs, f"operand {s.b.buf!r}")
+    t = s.tile
+    whole = k.Var("kwhole")  # k values in whole vectors
+
+    def step(pk: k.Expr, u: int, tag: str, guarded: bool, count: k.Expr | None
+             ) -> list[k.Stmt]:
+        out: list[k.Stmt] = []
+        bvals = []
+        for c in range(t.cols):
+            col = k.minimum(c, s.cols - 1) if guarded else c
+            bv = k.Var(f"b{tag}_{u}_{c}", t.dtype, lanes)
+            out.append(k.Decl(bv, k.Load(s.b.buf, s.b.at(pk, col), t.dtype, lanes, count)))
+            bvals.append(bv)
+        for r in range(t.rows):
+            row = k.minimum(r, s.rows - 1) if guarded else r
+            av = k.Var(f"a{tag}_{u}_{r}", t.dtype, lanes)
+            out.append(k.Decl(av, k.Load(s.a.buf, s.a.at(row, pk), t.dtype, lanes, count)))
+            for c in range(t.cols):
+                acc = _acc(t, r, c)
+                out.append(k.Assign(acc, k.Fma(av, bvals[c], acc)))
+        return out
+
+    def loops(tag: str, guarded: bool) -> list[k.Stmt]:
+        p = k.Var(f"p{tag}")
+        main = k.Var(f"kmain{tag}")
+        width = lanes * s.unroll
+        body = [st for u in range(s.unroll)
+                for st in step(p + u * lanes, u, tag, guarded, None)]
+        return [k.Decl(main, whole - k.Bin("%", whole, k.Const(width))),
+                k.For(p, k.Const(0), main, width, tuple(body)),
+                k.For(p, main, whole, lanes, tuple(step(p, 0, tag, guarded, None))),
+                k.If(k.Bin("<", whole, s.k),
+                     tuple(step(whole, 0, f"{tag}t", guarded, s.k - whole)))]
+
+    is_full = k.Bin("and", k.Bin("==", s.rows, k.Const(t.rows)),
+                    k.Bin("==", s.cols, k.Const(t.cols)))
+    return [k.Decl(whole, s.k - k.Bin("%", s.k, k.Const(lanes))),
+            k.If(is_full, tuple(loops("", False)), tuple(loops("e", True)))]
+
+
 #: Bytes per cache line assumed when spreading prefetches over a panel.
 CACHE_LINE = 64
 
@@ -155,6 +211,8 @@ def _prefetches(s: k.TileMMA, p: k.Expr, steps: int) -> list[k.Stmt]:
 def _store(s: k.TileStore, isa: Isa) -> list[k.Stmt]:
     t = s.tile
     lanes = _lanes(t, isa)
+    if t.along == "k":
+        return _dot_store(s)
     if lanes > 1:
         _unit(s.c.cs, f"output {s.c.buf!r}")
     alpha = k.Var("alpha_v", t.dtype, lanes)
@@ -189,3 +247,25 @@ def _store(s: k.TileStore, isa: Isa) -> list[k.Stmt]:
              (k.If(is_full, stores(False, False), stores(True, False)),),
              (k.If(is_full, stores(False, True), stores(True, True)),)),
     ]
+
+
+def _dot_store(s: k.TileStore) -> list[k.Stmt]:
+    """c[r, c] = alpha * (sum of the element's lanes) + beta * c[r, c], one scalar at a
+    time, skipping the rows and columns past the edges; beta == 0 never loads c."""
+    t = s.tile
+
+    def stores(read_c: bool) -> tuple[k.Stmt, ...]:
+        out: list[k.Stmt] = []
+        for r in range(t.rows):
+            for c in range(t.cols):
+                total = k.Reduce(_acc(t, r, c)) if t.lanes > 1 else _acc(t, r, c)
+                value: k.Expr = k.Bin("*", s.alpha, total)
+                if read_c:
+                    value = k.Fma(s.beta, k.Load(s.c.buf, s.c.at(r, c), t.dtype), value)
+                inside = k.Bin("and", k.Bin("<", k.Const(r), s.rows),
+                               k.Bin("<", k.Const(c), s.cols))
+                out.append(k.If(inside, (k.Store(s.c.buf, s.c.at(r, c), value),)))
+        return tuple(out)
+
+    beta_zero = k.Bin("==", s.beta, k.Const(0.0, t.dtype))
+    return [k.If(beta_zero, stores(False), stores(True))]

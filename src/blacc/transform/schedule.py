@@ -74,7 +74,10 @@ class UnrollJam:
 
 @dataclass(frozen=True)
 class Vectorize:
-    """Map ``dim`` of the register tile onto SIMD lanes, ``lanes`` at a time."""
+    """Map ``dim`` of the register tile onto SIMD lanes, ``lanes`` at a time: the output's
+    columns (outer products of a broadcast of A and vectors of B), or the reduction (each
+    tile element a dot product of rows of A and columns of B, summed across lanes at the
+    store: for a matrix times a vector)."""
 
     dim: str
     lanes: int
