@@ -329,18 +329,15 @@ def test_gemm_across_cache_blocks(dtype, side, layout, rng, assert_gemm_close):
 # (strategy.gemm.choose): narrow C with B in cache (rows of tiles outside), few rows of C
 # with a long k and a large B (columns of tiles outside), in each tile shape.
 IN_PLACE_CASES = {
-    "f32": [((131, 8, 257), "no_packing(mr=8, nr=8, ku=4, j_outer=0)"),
-            ((101, 24, 300), "no_packing(mr=4, nr=24, ku=4, j_outer=0)"),
-            ((6, 1000, 300), "no_packing(mr=6, nr=16, ku=4, j_outer=1)"),
-            ((8, 999, 300), "no_packing(mr=4, nr=24, ku=4, j_outer=1)"),
-            ((3, 1001, 300), "no_packing(mr=1, nr=56, ku=4, j_outer=1)"),
-            ((37, 1, 301), "dot_tiles(mr=8, nr=1, ku=2)")],
-    "f64": [((131, 4, 257), "no_packing(mr=8, nr=4, ku=4, j_outer=0)"),
-            ((101, 12, 300), "no_packing(mr=4, nr=12, ku=4, j_outer=0)"),
-            ((6, 1000, 300), "no_packing(mr=6, nr=8, ku=4, j_outer=1)"),
-            ((8, 999, 300), "no_packing(mr=4, nr=12, ku=4, j_outer=1)"),
-            ((3, 1001, 300), "no_packing(mr=1, nr=28, ku=4, j_outer=1)"),
-            ((37, 1, 301), "dot_tiles(mr=8, nr=1, ku=2)")],
+    f"f{8 * size}": [
+        ((131, lanes, 257), f"no_packing(mr=8, nr={lanes}, ku=4, j_outer=0)"),
+        ((101, 3 * lanes, 300), f"no_packing(mr=4, nr={3 * lanes}, ku=4, j_outer=0)"),
+        ((6, 1000, 300), f"no_packing(mr=6, nr={2 * lanes}, ku=4, j_outer=1)"),
+        ((8, 999, 300), f"no_packing(mr=4, nr={3 * lanes}, ku=4, j_outer=1)"),
+        ((3, 1001, 300), f"no_packing(mr=1, nr={7 * lanes}, ku=4, j_outer=1)"),
+        ((37, 1, 301), "dot_tiles(mr=8, nr=1, ku=2)"),
+    ]
+    for size, lanes in ((4, 8), (8, 4))  # AVX2: f32 and f64 lanes
 }
 
 
