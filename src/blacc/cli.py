@@ -12,7 +12,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from blacc.errors import BlaccError
+from blacc.errors import ArgumentError, BlaccError
 
 __all__ = ["build_parser", "main"]
 
@@ -176,8 +176,11 @@ def _emit(args: argparse.Namespace) -> int:
     from blacc.frontend.declare import parse_declaration
 
     operands = dict(parse_declaration(text, args.dtype) for text in args.decl)
-    c_path, h_path = blacc.emit(args.source, args.output, name=args.name, target=args.target,
-                                **operands)
+    try:
+        c_path, h_path = blacc.emit(args.source, args.output, name=args.name,
+                                    target=args.target, **operands)
+    except OSError as exc:  # the output path
+        raise ArgumentError(f"cannot write {exc.filename}: {exc.strerror}") from exc
     print(f"wrote {c_path} and {h_path}")
     return 0
 
@@ -192,9 +195,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _COMMANDS[args.command](args)
     except BlaccError as exc:
         print(f"blacc: error: {exc}", file=sys.stderr)
-        return 2
-    except OSError as exc:  # an output file that cannot be written
-        print(f"blacc: error: cannot write {exc.filename}: {exc.strerror}", file=sys.stderr)
         return 2
 
 

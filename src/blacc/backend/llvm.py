@@ -242,8 +242,6 @@ class _FunctionWriter:
             return self.select(e)
         if isinstance(e, k.Reduce):  # a horizontal add, in any order (reassoc)
             x = self.expr(e.x)
-            if x.lanes == 1:
-                return x
             name = f"llvm.vector.reduce.fadd.{_suffix(e.dtype, x.lanes)}"
             start = _Val(_literal(-0.0, e.dtype), e.dtype)
             return self.value(self.call(name, _SCALAR[e.dtype], [start, x], flags="reassoc"),

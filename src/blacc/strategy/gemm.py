@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..ir.dtypes import itemsize
 from ..target.blocking import blis_blocking
 from ..target.isa import Isa
 from ..target.machine import DEFAULT_CACHES, Machine
@@ -162,7 +163,7 @@ def choose(m: int, n: int, k: int, dtype: str, *, machine: Machine, isa: Isa,
     dot products (``dot_tiles``)."""
     mr, nr, lanes = register_tile(dtype, isa)
     ku = 4
-    size = 4 if dtype == "f32" else 8
+    size = itemsize(dtype)
     if n == 1 and lanes > 1 and a_unit_cols and b_unit_rows:
         return dot_tiles(lanes)
     if b_unit_cols or lanes == 1:
@@ -178,7 +179,7 @@ def choose(m: int, n: int, k: int, dtype: str, *, machine: Machine, isa: Isa,
 
 #: Rows of a tile of dot products (one column): accumulators enough to cover the FMA
 #: latency on both pipes, each a stream of A read from memory.
-DOT_ROWS = 8
+DOT_ROWS = LATENCY_ACCUMULATORS
 DOT_UNROLL = 2
 
 
@@ -209,7 +210,7 @@ def plan_for(strategy: str, m: int, n: int, k: int, dtype: str, *, machine: Mach
         return choose(m, n, k, dtype, machine=machine, isa=isa, b_unit_cols=b_unit_cols,
                       a_unit_cols=a_unit_cols, b_unit_rows=b_unit_rows)
     mr, nr, lanes = register_tile(dtype, isa)
-    size = 4 if dtype == "f32" else 8
+    size = itemsize(dtype)
     if strategy == "blis":
         blk = blis_blocking(machine, dtype_size=size, mr=mr, nr=nr)
         params = (("mc", blk.mc), ("kc", blk.kc), ("nc", blk.nc), ("mr", mr), ("nr", nr),
