@@ -20,13 +20,13 @@ import numpy as np
 from blacc.bench.gemm import parse_shape
 from blacc.bench.timing import measure_interleaved, single_thread
 from blacc.runtime.gemm import gemm_kernel, host_target
-from blacc.strategy.gemm import Plan, blis, choose, register_tile
+from blacc.strategy.gemm import Plan, blis, choose, packed_tile
 
 
 def candidate_plan(text: str, dtype: str, shape: tuple[int, int, int]) -> Plan:
     tgt = host_target()
     base = dict(choose(*shape, dtype, machine=tgt.machine, isa=tgt.isa, b_unit_cols=True).params)
-    mr, nr, lanes = register_tile(dtype, tgt.isa)
+    mr, nr, lanes = packed_tile(dtype, tgt.isa)
     values = {"mc": base.get("mc", 144), "kc": base.get("kc", 256),
               "nc": base.get("nc", 4080), "ku": 4, "pfa": 0, "pfb": 0, "mr": mr, "nr": nr, "bal": 1}
     for item in filter(None, text.split(",")):

@@ -100,13 +100,17 @@ def _machine(arch: str = "x86_64", features: tuple[str, ...] = ("avx2", "fma")) 
     return Machine(name="Test CPU 9000", arch=arch, features=frozenset(features), cores=4)
 
 
-def test_variant_follows_isa() -> None:
+def test_variant_follows_isa(monkeypatch) -> None:
+    monkeypatch.delenv("BLACC_ISA", raising=False)  # the widest each machine runs
     assert select_variant(_machine()).name == "avx2+fma"
     assert select_variant(_machine(features=("avx", "sse2"))).name == "sse2"
     assert select_variant(_machine(arch="aarch64", features=("neon",))).flops_per_cycle is None
     avx2 = select_variant(_machine())
     assert avx2.flops_per_cycle == {"float32": 32, "float64": 16}
     assert "-mfma" in avx2.flags
+    avx512 = select_variant(_machine(features=("avx2", "fma", "avx512f", "avx512dq",
+                                               "avx512vl")))
+    assert avx512.name == "avx512" and avx512.flops_per_cycle == {"float32": 64, "float64": 32}
 
 
 def _peak() -> Peak:

@@ -2,8 +2,9 @@
 shared library and computes the program (called through ctypes with NumPy buffers).
 
 * target 'generic': ``cc -std=c99 -pedantic -Wall -Wextra -Werror``, no intrinsics;
-* targets 'host' and 'avx2': ``cc -std=c99 -O2 -Wall -Wextra -Werror -mavx2 -mfma``
-  (skipped when the CPU lacks AVX2 or FMA, or no ``cc`` is found).
+* targets 'avx2', 'avx512' and 'host': ``cc -std=c99 -O2 -Wall -Wextra -Werror`` and the
+  ISA's flags (``-mavx2 -mfma``; ``-mavx512f -mavx512dq -mavx512vl -mfma``), skipped
+  when the CPU lacks them or no ``cc`` is found.
 
 Arrays are passed as flat buffers laid out as the declarations say (column-major with a
 leading dimension, row-major with ld > cols), surrounded by sentinels that must survive;
@@ -22,10 +23,11 @@ import numpy as np
 import pytest
 
 import blacc
-from blacc.blacs import plan
+from blacc.blacs import host_isa, plan
 from blacc.ir import kernel as kir
 from blacc.ir import printer
 from blacc.ir.walk import nodes_of
+from blacc.target.isa import ISAS
 from blacc.target.machine import detect_machine
 from blacc.transform.blac import build_module, candidates
 from test_blac_programs import (
@@ -42,16 +44,23 @@ CC = shutil.which("cc")
 pytestmark = pytest.mark.skipif(CC is None, reason="no C compiler 'cc' on PATH")
 
 HAS_AVX2 = detect_machine().has("avx2", "fma")
+HAS_AVX512 = detect_machine().has(*ISAS["avx512"].requires)
 GENERIC_FLAGS = ["-std=c99", "-pedantic", "-Wall", "-Wextra", "-Werror", "-O2"]
-AVX2_FLAGS = ["-std=c99", "-O2", "-Wall", "-Wextra", "-Werror", "-mavx2", "-mfma"]
+STRICT_FLAGS = ["-std=c99", "-O2", "-Wall", "-Wextra", "-Werror"]
+AVX2_FLAGS = [*STRICT_FLAGS, "-mavx2", "-mfma"]
 needs_avx2 = pytest.mark.skipif(not HAS_AVX2, reason="the CPU lacks AVX2 or FMA")
+needs_avx512 = pytest.mark.skipif(not HAS_AVX512, reason="the CPU lacks AVX-512 F/DQ/VL")
 
 TARGETS = [pytest.param("generic", id="generic"),
-           pytest.param("avx2", id="avx2", marks=needs_avx2)]
+           pytest.param("avx2", id="avx2", marks=needs_avx2),
+           pytest.param("avx512", id="avx512", marks=needs_avx512)]
 
 
 def flags_for(target: str) -> list[str]:
-    return GENERIC_FLAGS if target == "generic" else AVX2_FLAGS
+    if target == "generic":
+        return GENERIC_FLAGS
+    isa = host_isa() if target == "host" else ISAS[target]
+    return [*STRICT_FLAGS, *isa.flags]
 
 
 def build(c_path: Path, target: str) -> ctypes.CDLL:
@@ -151,10 +160,12 @@ def test_emitted_kernel_computes_the_program(tmp_path, case, source, dtype, decl
 @needs_avx2
 @pytest.mark.parametrize("case", [CASES[0], CASES[4]], ids=[CASES[0][0], CASES[4][0]])
 def test_host_target(tmp_path, case):
-    """'host' is this machine's ISA: AVX2 here, so the strict AVX2 flags apply."""
+    """'host' is this machine's ISA for small programs (AVX2 here, also on an AVX-512
+    machine), whose flags the header names and the strict build uses."""
     _, source, dtype, decls = case
-    c_path, _, p = emit_and_run(tmp_path, source, decls, dtype, "host", seed=7)
-    assert p.isa.name == "avx2"
+    c_path, h_path, p = emit_and_run(tmp_path, source, decls, dtype, "host", seed=7)
+    assert p.isa is host_isa() and p.isa.name == "avx2"
+    assert "needs <immintrin.h> and -mavx2 -mfma" in h_path.read_text()
     assert "_mm256_" in c_path.read_text()
 
 

@@ -381,8 +381,8 @@ def test_compiled_kernel_with_pairs(dtype):
     decls = dict(A=M(11, 4, dtype), B=M(4, h, dtype), C=M(11, h, dtype), alpha=S(dtype),
                  beta=S(dtype))
     source = "C = alpha*A*B + beta*C"
-    assert plan(source, **decls).schedule[0].pairs
-    kern = blacc.compile(source, **decls)
+    assert plan(source, target="avx2", **decls).schedule[0].pairs
+    kern = blacc.compile(source, target="avx2", **decls)
     rng = np.random.default_rng(5)
     a, b, c = (rng.uniform(-1, 1, s).astype(NP[dtype]) for s in ((11, 4), (4, h), (11, h)))
     want = 1.5 * a.astype(np.float64) @ b - 0.5 * c

@@ -636,7 +636,7 @@ def test_sibling_sums_share_an_index_and_are_all_vectorized():
 
     decls = dict(A=M(4, 32, "f32"), B=M(4, 32, "f32"), x=V(32, "f32"), y=V(4, "f32"),
                  alpha=S("f32"), beta=S("f32"))
-    p = plan("y = alpha*A*x + beta*B*x", **decls)
+    p = plan("y = alpha*A*x + beta*B*x", target="avx2", **decls)
     sums = [n for n in _nodes(p.indexed.ops[0].body) if isinstance(n, ix.Sum)]
     assert [s.index for s in sums] == ["k1", "k1"]
     assert p.schedule[0].vector == "k1"

@@ -18,6 +18,8 @@ import numpy as np
 import pytest
 
 import blacc
+from blacc.runtime.gemm import host_target
+from blacc.strategy.gemm import FEW_ROWS, tile_shapes
 from conftest import DTYPES
 from guard import (
     PAGE,
@@ -325,20 +327,27 @@ def test_gemm_across_cache_blocks(dtype, side, layout, rng, assert_gemm_close):
     run_isolated(body)
 
 
-# (m, n, k) per dtype and the register tiles that run over the operands in place
-# (strategy.gemm.choose): narrow C with B in cache (rows of tiles outside), few rows of C
-# with a long k and a large B (columns of tiles outside), in each tile shape.
-IN_PLACE_CASES = {
-    f"f{8 * size}": [
-        ((131, lanes, 257), f"no_packing(mr=8, nr={lanes}, ku=4, j_outer=0)"),
-        ((101, 3 * lanes, 300), f"no_packing(mr=4, nr={3 * lanes}, ku=4, j_outer=0)"),
-        ((6, 1000, 300), f"no_packing(mr=6, nr={2 * lanes}, ku=4, j_outer=1)"),
-        ((8, 999, 300), f"no_packing(mr=4, nr={3 * lanes}, ku=4, j_outer=1)"),
-        ((3, 1001, 300), f"no_packing(mr=1, nr={7 * lanes}, ku=4, j_outer=1)"),
+def _in_place_cases(dtype: str) -> list[tuple[tuple[int, int, int], str]]:
+    """(m, n, k) and the register tile that runs over the operands in place
+    (strategy.gemm.choose) on this machine's ISA: narrow C with B in cache (rows of tiles
+    outside), few rows of C with a long k and a large B (columns of tiles outside), in
+    each tile shape; a matrix times a vector as dot products."""
+    isa = host_target().isa
+    lanes = isa.lanes(dtype)
+    (_, rows2), (_, rows3), (_, rows1), (widest, _) = tile_shapes(isa)
+    m3 = 2 * rows3 if 2 * rows3 <= FEW_ROWS else rows3  # two row tiles where they fit
+
+    def tiling(mr: int, vectors: int, j_outer: int) -> str:
+        return f"no_packing(mr={mr}, nr={vectors * lanes}, ku=4, j_outer={j_outer})"
+
+    return [
+        ((131, lanes, 257), tiling(rows1, 1, 0)),
+        ((101, 3 * lanes, 300), tiling(rows3, 3, 0)),
+        ((rows2, 1000, 300), tiling(rows2, 2, 1)),
+        ((m3, 999, 300), tiling(rows3, 3, 1)),
+        ((3, 1001, 300), tiling(1, widest, 1)),
         ((37, 1, 301), "dot_tiles(mr=8, nr=1, ku=2)"),
     ]
-    for size, lanes in ((4, 8), (8, 4))  # AVX2: f32 and f64 lanes
-}
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -346,7 +355,7 @@ IN_PLACE_CASES = {
 def test_gemm_in_place_plans_against_guards(dtype, case, rng, assert_gemm_close):
     """Each in-place plan (tile shape, loop order; dot products for a matrix times a
     vector) on operands against guard pages, every transpose, beta 0 and not."""
-    shape, expected = IN_PLACE_CASES[f"f{np.dtype(dtype).itemsize * 8}"][case]
+    shape, expected = _in_place_cases(f"f{np.dtype(dtype).itemsize * 8}")[case]
     plan = blacc.explain(m=shape[0], n=shape[1], k=shape[2], dtype=np.dtype(dtype)).plan
     assert plan.describe() == expected, plan.describe()
     seed = int(rng.integers(2**32))

@@ -99,11 +99,10 @@ def machine_info(tc: h.Toolchain) -> dict:
 
 
 def vector_lanes() -> dict[str, int]:
-    """Lanes of a full vector per dtype on this machine, as blacc detects it."""
-    from blacc.target.isa import isa_for
-    from blacc.target.machine import detect_machine
+    """Lanes of a full vector per dtype of the ISA blacc emits for ('host')."""
+    from blacc.blacs import host_isa
 
-    isa = isa_for(detect_machine())
+    isa = host_isa()
     return {dt: isa.lanes(dt) for dt in ("f32", "f64")}
 
 

@@ -87,8 +87,9 @@ def build_parser() -> argparse.ArgumentParser:
     emit.add_argument("--dtype", choices=("f32", "f64"), default="f64")
     emit.add_argument("-o", "--output", required=True, help="output path without suffix")
     emit.add_argument("--name", help="the C function's name (default: from --output)")
-    emit.add_argument("--target", choices=("host", "avx2", "generic"), default="host",
-                      help="instruction set: this machine's, AVX2+FMA, or plain C99")
+    emit.add_argument("--target", choices=("host", "avx512", "avx2", "generic"),
+                      default="host", help="instruction set: this machine's, AVX-512 "
+                      "(F, DQ, VL), AVX2+FMA, or plain C99")
 
     info = sub.add_parser("info", help="show the detected machine and C compiler")
     info.add_argument("--peak", action="store_true", help="also measure peak flops/s")

@@ -67,7 +67,8 @@ class Plan:
 def register_tile(dtype: str, isa: Isa, m: int | None = None, n: int | None = None
                   ) -> tuple[int, int, int]:
     """(mr, nr, lanes): 6 rows x 2 vectors, i.e. 12 accumulators + 2 b vectors + 1 broadcast
-    = 15 of 16 registers on AVX2; the generic target uses a 4x4 scalar tile.
+    = 15 of 16 registers on AVX2 (14 x 2 = 31 of 32 on AVX-512); the generic target uses a
+    4x4 scalar tile.
 
     Given the problem's m and n: the first of 6 x 2, 4 x 3, 8 x 1 and 1 x 7 (rows x
     vectors, most FMAs per load first) that pads C by at most ``PADDING_TOLERANCE`` over
@@ -77,8 +78,7 @@ def register_tile(dtype: str, isa: Isa, m: int | None = None, n: int | None = No
     lanes = isa.lanes(dtype)
     if lanes == 1:
         return 4, 4, 1
-    widest = (isa.registers - 1) // 2  # one row: nv accumulators, nv vectors of B
-    tiles = [(nv, _rows_for(nv, isa)) for nv in (2, 3, 1, widest)]  # most FMAs per load first
+    tiles = tile_shapes(isa)
     nv, mr = tiles[0]
     if m is not None and n is not None:
         def padded(tile: tuple[int, int]) -> int:
@@ -88,6 +88,31 @@ def register_tile(dtype: str, isa: Isa, m: int | None = None, n: int | None = No
         least = min(padded(t) for t in tiles)
         nv, mr = next(t for t in tiles if padded(t) <= (1 + PADDING_TOLERANCE) * least)
     return mr, nv * lanes, lanes
+
+
+def packed_tile(dtype: str, isa: Isa) -> tuple[int, int, int]:
+    """(mr, nr, lanes) of the packed (blis) plan's micro-kernel: the ISA's measured
+    ``gemm_tile`` where it has one, else ``register_tile``'s default."""
+    lanes = isa.lanes(dtype)
+    if isa.gemm_tile is None or lanes == 1:
+        return register_tile(dtype, isa)
+    rows, vectors = isa.gemm_tile
+    return rows, vectors * lanes, lanes
+
+
+def _blis_plan(dtype: str, isa: Isa, machine: Machine, ku: int = 4) -> Plan:
+    mr, nr, lanes = packed_tile(dtype, isa)
+    blk = blis_blocking(machine, dtype_size=itemsize(dtype), mr=mr, nr=nr, kc=isa.gemm_kc)
+    params = (("mc", blk.mc), ("kc", blk.kc), ("nc", blk.nc), ("mr", mr), ("nr", nr), ("ku", ku))
+    return Plan("blis", params, blis(blk.mc, blk.kc, blk.nc, mr, nr, ku, lanes), (("C_s1", 1),))
+
+
+def tile_shapes(isa: Isa) -> list[tuple[int, int]]:
+    """(vectors, rows) of the register tiles ``register_tile`` picks from, most FMAs per
+    load first: 2, 3 and 1 vectors wide, and one row as wide as the registers allow (nv
+    accumulators and nv vectors of B)."""
+    widest = (isa.registers - 1) // 2
+    return [(nv, _rows_for(nv, isa)) for nv in (2, 3, 1, widest)]
 
 
 #: How much more of C (in padded tiles) a tile may compute than the tile that fits the
@@ -172,9 +197,7 @@ def choose(m: int, n: int, k: int, dtype: str, *, machine: Machine, isa: Isa,
             j_outer = bool(j_outer)
         if j_outer is not None:
             return _tiling(*register_tile(dtype, isa, m, n)[:2], ku, lanes, j_outer)
-    blk = blis_blocking(machine, dtype_size=size, mr=mr, nr=nr)
-    params = (("mc", blk.mc), ("kc", blk.kc), ("nc", blk.nc), ("mr", mr), ("nr", nr), ("ku", ku))
-    return Plan("blis", params, blis(blk.mc, blk.kc, blk.nc, mr, nr, ku, lanes), (("C_s1", 1),))
+    return _blis_plan(dtype, isa, machine, ku)
 
 
 #: Rows of a tile of dot products (one column): accumulators enough to cover the FMA
@@ -212,11 +235,7 @@ def plan_for(strategy: str, m: int, n: int, k: int, dtype: str, *, machine: Mach
     mr, nr, lanes = register_tile(dtype, isa)
     size = itemsize(dtype)
     if strategy == "blis":
-        blk = blis_blocking(machine, dtype_size=size, mr=mr, nr=nr)
-        params = (("mc", blk.mc), ("kc", blk.kc), ("nc", blk.nc), ("mr", mr), ("nr", nr),
-                  ("ku", 4))
-        return Plan("blis", params, blis(blk.mc, blk.kc, blk.nc, mr, nr, 4, lanes),
-                    (("C_s1", 1),))
+        return _blis_plan(dtype, isa, machine)
     unit = b_unit_cols or lanes == 1
     if strategy == "tiling":
         if not unit:

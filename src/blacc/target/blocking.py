@@ -68,7 +68,8 @@ def _kc_exact(l1: CacheLevel, s: int, mr: int, nr: int) -> int | None:
 
 
 def blis_blocking(
-    machine: Machine, *, dtype_size: int, mr: int, nr: int, closed_form: bool = False
+    machine: Machine, *, dtype_size: int, mr: int, nr: int, closed_form: bool = False,
+    kc: int | None = None,
 ) -> Blocking:
     """Block sizes for an mr x nr micro-kernel on `machine` with `dtype_size`-byte elements.
 
@@ -86,6 +87,10 @@ def blis_blocking(
     C_Bc = W3 - 1 - ceil(mc*kc*S / way3), divided among the cores sharing L3 (each may pack its
     own panel); nc = that budget / (kc*S), capped at NC_MAX.
 
+    A given ``kc`` (an ISA's measured one, ``Isa.gemm_kc``) replaces the L1 model. It is
+    larger than the model's, so B slivers stream from L2 as well: the A block then gets at
+    most half of L2.
+
     Then kc is rounded down to a multiple of the unroll (4) within [64, 1024], mc to a multiple
     of mr within [mr, 1024], nc to a multiple of nr within [nr, 4096]. Missing cache levels use
     DEFAULT_CACHES.
@@ -96,7 +101,9 @@ def blis_blocking(
     s = dtype_size
     l1, l2, l3 = _level(machine, 1), _level(machine, 2), _level(machine, 3)
 
-    kc = (_kc_closed_form if closed_form else _kc_exact)(l1, s, mr, nr)
+    fixed_kc = kc is not None
+    if kc is None:
+        kc = (_kc_closed_form if closed_form else _kc_exact)(l1, s, mr, nr)
     if kc is None:  # associativity too low for the model: give the two slivers half of L1
         kc = l1.size // (2 * (mr + nr) * s)
     kc = min(max(kc, KC_MIN), KC_MAX)
@@ -104,6 +111,8 @@ def blis_blocking(
 
     c_ac = l2.associativity - 1 - _ceil_div(nr * kc * s, l2.way_size)
     a_budget = c_ac * l2.way_size if c_ac > 0 else l2.size // 2
+    if fixed_kc:
+        a_budget = min(a_budget, l2.size // 2)
     mc = min(a_budget // (kc * s), MC_MAX)
     mc = max(mc - mc % mr, mr)
 

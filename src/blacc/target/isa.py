@@ -9,8 +9,10 @@ A new target is a new table. Templates name their operands in braces: ``{addr}``
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
+from ..errors import ArgumentError
 from .machine import Machine
 
 
@@ -37,6 +39,13 @@ class Isa:
     #: GNU inline-assembly constraint of a vector register (``"x"`` on x86), with which
     #: the C backend pins a value to a register (``Decl.in_register``); None: not pinned.
     register_constraint: str | None = None
+    #: CPU flags (as /proc/cpuinfo names them) a machine needs to run this ISA's code.
+    requires: tuple[str, ...] = ()
+    #: The packed GEMM micro-kernel as (rows, vectors), where measurement beat the first
+    #: of ``strategy.gemm.tile_shapes``; and its kc, where it beat the L1 model's
+    #: (``target.blocking``). None: the model's.
+    gemm_tile: tuple[int, int] | None = None
+    gemm_kc: int | None = None
 
     def lanes(self, dtype: str) -> int:
         """Lanes of one full vector register for ``dtype`` (1 when the ISA has no vectors)."""
@@ -256,17 +265,94 @@ AVX2 = Isa(
     narrow={"f32": VectorType("__m128", 4), "f64": VectorType("__m128d", 2)},
     prelude=_AVX2_PRELUDE,
     register_constraint="x",
+    requires=("avx2", "fma"),
+)
+
+def _avx512_ops() -> dict[tuple[str, str], str]:
+    """AVX-512 (F, DQ, VL): 512-bit vectors, and 256-bit ones for leftovers. Partial
+    vectors are masked moves with a mask register (``__mmask16``/``__mmask8``): one fast
+    instruction that suppresses faults on the lanes it leaves, so no ``load_first``
+    pieces."""
+    ops = {}
+    # Lane i is on when i < count; a count <= 0 (a vector past the edge of C) clears all
+    # lanes and one >= lanes sets all, as the AVX2 compare does.
+    for dt, s, wide, narrow in (("f32", "ps", 16, 8), ("f64", "pd", 8, 4)):
+        for key, pre, lanes in ((dt, "_mm512", wide), (f"{dt}x{narrow}", "_mm256", narrow)):
+            ops.update({
+                ("load", key): f"{pre}_loadu_{s}({{addr}})",
+                ("store", key): f"{pre}_storeu_{s}({{addr}}, {{x}})",
+                ("mask_load", key): f"{pre}_maskz_loadu_{s}({{mask}}, {{addr}})",
+                ("mask_store", key): f"{pre}_mask_storeu_{s}({{addr}}, {{mask}}, {{x}})",
+                ("broadcast_load", key): f"{pre}_set1_{s}(*({{addr}}))",
+                ("splat", key): f"{pre}_set1_{s}({{x}})",
+                ("fma", key): f"{pre}_fmadd_{s}({{a}}, {{b}}, {{c}})",
+                ("+", key): f"{pre}_add_{s}({{a}}, {{b}})",
+                ("-", key): f"{pre}_sub_{s}({{a}}, {{b}})",
+                ("*", key): f"{pre}_mul_{s}({{a}}, {{b}})",
+                ("mask", key): f"(__mmask{max(lanes, 8)})blacc_first_lanes({{count}}, {lanes})",
+            })
+        ops[("prefetch", dt)] = "_mm_prefetch((const char *)({addr}), _MM_HINT_T0)"
+        ops[("hsum", dt)] = f"_mm512_reduce_add_{s}({{x}})"
+    # the two 256-bit halves of a 512-bit vector, for sums of accumulators (``Half``)
+    ops.update({
+        ("half_lo", "f32"): "_mm512_castps512_ps256({x})",
+        ("half_hi", "f32"): "_mm512_extractf32x8_ps({x}, 1)",
+        ("half_lo", "f64"): "_mm512_castpd512_pd256({x})",
+        ("half_hi", "f64"): "_mm512_extractf64x4_pd({x}, 1)",
+        ("hsum", "f32x8"): "blacc_hsum8_ps({x})",
+        ("hsum", "f64x4"): "blacc_hsum4_pd({x})",
+        ("sum_lanes", "f32x8"): ("blacc_sum8x8_ps({x0}, {x1}, {x2}, {x3}, {x4}, {x5}, {x6}, "
+                                 "{x7})"),
+        ("sum_lanes", "f64x4"): "blacc_sum4x4_pd({x0}, {x1}, {x2}, {x3})",
+    })
+    return ops
+
+
+_AVX512_PRELUDE = {
+    **_AVX2_PRELUDE,
+    "blacc_first_lanes": """static inline unsigned blacc_first_lanes(long count, int lanes) {
+    return count <= 0 ? 0u : count >= lanes ? (1u << lanes) - 1u : (1u << count) - 1u;
+}""",
+}
+
+
+AVX512 = Isa(
+    name="avx512",
+    registers=32,
+    flags=("-mavx512f", "-mavx512dq", "-mavx512vl", "-mfma"),
+    header="immintrin.h",
+    vectors={"f32": VectorType("__m512", 16), "f64": VectorType("__m512d", 8)},
+    ops=_avx512_ops(),
+    narrow={"f32": VectorType("__m256", 8), "f64": VectorType("__m256d", 4)},
+    prelude=_AVX512_PRELUDE,
+    register_constraint="v",  # any of zmm0-31 ("x" is only the first 16)
+    # 6 x 4 vectors and kc = 384 (B slivers then live in L2, not L1): on a Sapphire
+    # Rapids core, 1000^3 f32 169 GFLOPS against 141 for 14 x 2 at the model's kc = 224,
+    # f64 95 against 85 (benchmarks/tune_gemm.py --backend llvm, one run)
+    gemm_tile=(6, 4),
+    gemm_kc=384,
+    requires=("avx512f", "avx512dq", "avx512vl", "avx2", "fma"),
 )
 
 #: Plain C with no intrinsics: any CPU, any C compiler. Tiles use scalar
 #: accumulators and the C compiler may auto-vectorize.
 GENERIC = Isa(name="generic", registers=16, flags=(), header=None)
 
-ISAS = {isa.name: isa for isa in (AVX2, GENERIC)}
+ISAS = {isa.name: isa for isa in (AVX512, AVX2, GENERIC)}
 
 
 def isa_for(machine: Machine) -> Isa:
-    """The best ISA table this machine can run."""
-    if machine.has("avx2", "fma"):
-        return AVX2
-    return GENERIC
+    """The widest ISA table this machine can run, or the one the environment variable
+    ``BLACC_ISA`` names (``avx512``, ``avx2``, ``generic``): e.g. AVX2 code on an AVX-512
+    machine, to compare the two or to keep a core out of its 512-bit clock license."""
+    name = os.environ.get("BLACC_ISA", "").strip().lower()
+    if not name:
+        return next(isa for isa in ISAS.values() if machine.has(*isa.requires))
+    isa = ISAS.get(name)
+    if isa is None:
+        raise ArgumentError(f"BLACC_ISA={name!r} is not an instruction set blacc knows: "
+                            f"choose one of {', '.join(ISAS)}")
+    missing = [f for f in isa.requires if not machine.has(f)]
+    if missing:
+        raise ArgumentError(f"BLACC_ISA={name!r}: this machine lacks {', '.join(missing)}")
+    return isa

@@ -1,0 +1,167 @@
+"""Instruction sets as data: which one a machine gets (``isa_for``, ``BLACC_ISA``), the
+AVX-512 table's C, and GEMM kernels of every ISA this machine runs, native, on operands
+against guard pages (the host's own ISA is covered by test_gemm and test_guard_pages;
+here the others too, e.g. AVX2 kernels on an AVX-512 machine)."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+
+import blacc
+from blacc.backend.c import render
+from blacc.errors import ArgumentError
+from blacc.ir.structured import matmul
+from blacc.runtime import gemm as gemm_runtime
+from blacc.strategy.gemm import blis, dot_tiles, no_packing
+from blacc.target.isa import AVX2, AVX512, GENERIC, ISAS, isa_for
+from blacc.target.machine import Machine, detect_machine
+from blacc.transform.apply import apply
+from blacc.transform.pipeline import lower
+from conftest import DTYPES
+from guard import run_isolated
+from test_guard_pages import SIDES, _gemm_on_guarded
+
+AVX512_FLAGS = ("avx2", "fma", "avx512f", "avx512dq", "avx512vl")
+
+
+def _machine(*features: str) -> Machine:
+    return Machine(name="Test CPU", arch="x86_64", features=frozenset(features), cores=2)
+
+
+def test_isa_for_picks_the_widest_the_machine_runs(monkeypatch):
+    monkeypatch.delenv("BLACC_ISA", raising=False)
+    assert isa_for(_machine(*AVX512_FLAGS)) is AVX512
+    assert isa_for(_machine("avx2", "fma", "avx512f")) is AVX2  # no DQ/VL: not our table
+    assert isa_for(_machine("avx2", "fma")) is AVX2
+    assert isa_for(_machine("avx", "sse2")) is GENERIC
+
+
+def test_blacc_isa_overrides_within_what_the_machine_runs(monkeypatch):
+    monkeypatch.setenv("BLACC_ISA", "AVX2")
+    assert isa_for(_machine(*AVX512_FLAGS)) is AVX2
+    monkeypatch.setenv("BLACC_ISA", "generic")
+    assert isa_for(_machine("avx2", "fma")) is GENERIC
+    monkeypatch.setenv("BLACC_ISA", "avx512")
+    with pytest.raises(ArgumentError, match="lacks avx512f, avx512dq, avx512vl"):
+        isa_for(_machine("avx2", "fma"))
+    monkeypatch.setenv("BLACC_ISA", "neon")
+    with pytest.raises(ArgumentError, match="'neon' is not an instruction set.*avx512, avx2"):
+        isa_for(_machine(*AVX512_FLAGS))
+
+
+def test_avx512_table_is_complete_for_its_vectors():
+    """Every op the AVX2 table has for full and narrow vectors that GEMM and the BLACs use
+    without checking first, the AVX-512 table has for its own widths."""
+    needed = ("load", "store", "mask_load", "mask_store", "broadcast_load", "splat", "fma",
+              "+", "-", "*", "mask")
+    for dt in ("f32", "f64"):
+        for lanes in AVX512.widths(dt)[:-1]:
+            for name in needed:
+                assert AVX512.op(name, dt, lanes)
+        assert AVX512.op("hsum", dt) and AVX512.op("prefetch", dt)
+    assert AVX512.lanes("f32") == 16 and AVX512.lanes("f64") == 8 and AVX512.registers == 32
+
+
+# Compile-only: any x86-64 gcc or clang builds AVX-512 code, whatever the CPU running it.
+CC = shutil.which(os.environ.get("CC", "cc"))
+STRICT = ("-std=c11", "-O2", "-Wall", "-Wextra", "-Werror", "-Wno-unused-parameter",
+          "-Wno-unused-function")
+
+AVX512_PLANS = {
+    "blis-f32": ("f32", blis(56, 16, 128, 14, 32, 4, 16), {"C_s1": 1}),
+    "no_packing-f64": ("f64", no_packing(9, 24, 4, 8), {"C_s1": 1, "B_s1": 1}),
+    "dot-f32": ("f32", dot_tiles(16).schedule, {"A_s1": 1, "B_s0": 1}),
+}
+
+
+@pytest.mark.skipif(CC is None or os.uname().machine != "x86_64",
+                    reason="needs an x86-64 C compiler")
+@pytest.mark.parametrize("case", list(AVX512_PLANS))
+def test_avx512_c_compiles_without_warnings(case, tmp_path):
+    dtype, schedule, strides = AVX512_PLANS[case]
+    module = lower(apply(matmul(dtype), schedule, name="gemm", known_strides=strides),
+                   AVX512)[0]
+    src = render(module, AVX512)
+    assert "_mm512_fmadd_" in src and "__mmask" in src
+    path = tmp_path / "k.c"
+    path.write_text(src)
+    proc = subprocess.run([CC, *STRICT, *AVX512.flags, "-c", str(path), "-o",
+                           str(tmp_path / "k.o")], capture_output=True, text=True)
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+
+
+def _runnable() -> list[str]:
+    machine = detect_machine()
+    return [name for name, isa in ISAS.items() if machine.has(*isa.requires)]
+
+
+# shapes taking each kind of plan (packed; in place, both loop orders; dot products),
+# none a multiple of any tile
+ISA_SHAPES = [(97, 131, 203), (131, 13, 257), (7, 999, 300), (37, 1, 301), (1, 45, 3)]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("name", _runnable())
+def test_gemm_of_every_runnable_isa_against_guards(name, dtype, backend, rng,
+                                                   assert_gemm_close):
+    """blacc.gemm with ``BLACC_ISA`` set to each ISA this machine runs (in a child
+    process, with the host target and the call caches cleared), both backends, every
+    transpose, beta 0 and not, operands against guard pages on both sides."""
+    seed = int(rng.integers(2**32))
+
+    def body():
+        os.environ["BLACC_ISA"] = name
+        gemm_runtime.host_target.cache_clear()
+        gemm_runtime._DISPATCH.clear()
+        gemm_runtime._REPEATS.clear()
+        assert gemm_runtime.host_target().isa is ISAS[name]
+        for shape, side, (trans_a, trans_b), beta in itertools.product(
+                ISA_SHAPES, SIDES, itertools.product((False, True), repeat=2), (0.0, 0.75)):
+            _gemm_on_guarded(assert_gemm_close, seed, shape, dtype,
+                             {op: (side, "C") for op in "ABC"}, trans_a, trans_b, beta)
+        assert blacc.explain(m=97, n=131, k=203, dtype=np.dtype(dtype)).plan.strategy == "blis"
+
+    run_isolated(body, timeout=600)
+
+
+def test_avx512_packed_plan_is_the_measured_tile_and_kc():
+    """The packed plan takes the ISA's measured micro-kernel and kc; the A block then gets
+    at most half of L2 (the B slivers stream from L2 too)."""
+    from blacc.strategy.gemm import choose, register_tile
+    from blacc.target.machine import DEFAULT_CACHES
+
+    machine = Machine("test", "x86_64", caches=DEFAULT_CACHES)
+    l2 = DEFAULT_CACHES[1].size
+    for dtype, size, nr in (("f32", 4, 64), ("f64", 8, 32)):
+        params = dict(choose(1000, 1000, 1000, dtype, machine=machine, isa=AVX512,
+                             b_unit_cols=True).params)
+        assert (params["mr"], params["nr"], params["kc"]) == (6, nr, 384)
+        assert params["mc"] % 6 == 0 and params["mc"] * 384 * size <= l2 // 2
+        # in-place tiles still come from the register budget: 14 rows x 2 vectors
+        assert register_tile(dtype, AVX512) == (14, 2 * AVX512.lanes(dtype),
+                                                AVX512.lanes(dtype))
+    avx2 = dict(choose(1000, 1000, 1000, "f32", machine=machine, isa=AVX2,
+                       b_unit_cols=True).params)
+    assert (avx2["mr"], avx2["nr"]) == (6, 16)  # AVX2 keeps the model's tile
+
+
+def test_small_programs_stay_on_avx2_unless_asked(monkeypatch):
+    from blacc import blacs
+
+    monkeypatch.delenv("BLACC_ISA", raising=False)
+    monkeypatch.setattr(blacs, "host_target", lambda: gemm_runtime.Target(
+        _machine(*AVX512_FLAGS), AVX512))
+    assert blacs.host_isa() is AVX2
+    monkeypatch.setenv("BLACC_ISA", "avx512")
+    assert blacs.host_isa() is AVX512
+    monkeypatch.setattr(blacs, "host_target", lambda: gemm_runtime.Target(
+        _machine("avx2", "fma"), AVX2))
+    with pytest.raises(ArgumentError, match="cannot run target 'avx512'.*lacks avx512f"):
+        blacc.compile("y = A*x", target="avx512", A=blacc.Matrix(3, 3), x=blacc.Vector(3),
+                      y=blacc.Vector(3))
