@@ -290,6 +290,12 @@ def test_info_command(capsys: pytest.CaptureFixture[str]) -> None:
     if status == 2:  # main() reports a missing C compiler as a usage-level error
         pytest.skip("no working C compiler")
     assert status == 0 and "arch" in out and "compiler" in out
+    from blacc.blacs import host_isa
+    from blacc.runtime.gemm import host_target
+
+    isa_line = next(line for line in out.splitlines() if line.startswith("isa "))
+    assert isa_line.split()[1:] == [host_target().isa.name, "(GEMM),", host_isa().name,
+                                    "(fixed-size", "programs)"], isa_line
 
 
 def test_bench_end_to_end(capsys: pytest.CaptureFixture[str]) -> None:
