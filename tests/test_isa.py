@@ -74,7 +74,7 @@ STRICT = ("-std=c11", "-O2", "-Wall", "-Wextra", "-Werror", "-Wno-unused-paramet
           "-Wno-unused-function")
 
 AVX512_PLANS = {
-    "blis-f32": ("f32", blis(56, 16, 128, 14, 32, 4, 16), {"C_s1": 1}),
+    "blis-f32": ("f32", blis(48, 16, 128, 6, 64, 4, 16), {"C_s1": 1}),
     "no_packing-f64": ("f64", no_packing(9, 24, 4, 8), {"C_s1": 1, "B_s1": 1}),
     "dot-f32": ("f32", dot_tiles(16).schedule, {"A_s1": 1, "B_s0": 1}),
 }

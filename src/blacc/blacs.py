@@ -14,7 +14,6 @@ standalone .c/.h pair.
 
 from __future__ import annotations
 
-import os
 import re
 import time
 from collections.abc import Mapping
@@ -33,7 +32,7 @@ from .runtime.gemm import host_target
 from .runtime.plan_cache import Choice, remembered
 from .runtime.signature import ArgSpec
 from .strategy.small import cheapest_form, choose
-from .target.isa import AVX2, AVX512, GENERIC, Isa
+from .target.isa import AVX2, AVX512, GENERIC, Isa, requested_isa
 from .transform.blac import OpSchedule, build_module
 from .transform.blac import candidates as schedule_candidates
 from .transform.index_notation import arg_specs, forms
@@ -85,14 +84,14 @@ def host_isa() -> Isa:
     benchmark ran 0.82x as fast (geomean of 144 cases) with 512-bit vectors. GEMM, whose
     register tiles fill them, uses AVX-512."""
     isa = host_target().isa
-    if isa is AVX512 and not os.environ.get("BLACC_ISA"):
+    if isa is AVX512 and not requested_isa():
         return AVX2
     return isa
 
 
 def _runnable(isa: Isa, what: str) -> Isa:
     """``isa`` if this machine runs its code (``what`` needs to run it), else an error."""
-    missing = [f for f in isa.requires if not host_target().machine.has(f)]
+    missing = isa.missing(host_target().machine)
     if missing:
         raise ArgumentError(f"{what} runs the kernel here, and this machine cannot run "
                             f"target {isa.name!r} (it lacks {', '.join(missing)})")
@@ -162,10 +161,10 @@ def compile(program: object, *, search: str = "model", name: str = "blac_kernel"
     are declared by keyword: ``A=blacc.Matrix(5, 9, 'f32')``, ``x=blacc.Vector(9, 'f32')``,
     ``alpha=blacc.Scalar('f32')``. ``search``: 'model' (default: a cost model, nothing
     measured), 'exhaustive' or 'random' (compile candidates, time them, keep the
-    fastest). ``target``: 'host' (default, this machine's widest ISA) or another this
-    machine runs ('avx2' on an AVX-512 machine, 'generic'). The kernel takes operands by
-    name; array outputs are written in place (allocated when omitted) and scalar outputs
-    returned."""
+    fastest). ``target``: 'host' (default: ``host_isa``, AVX2 also on an AVX-512
+    machine) or another ISA this machine runs ('avx512', 'avx2', 'generic'). The kernel
+    takes operands by name; array outputs are written in place (allocated when omitted)
+    and scalar outputs returned."""
     from .runtime.pycall import FixedKernel
 
     _runnable(_isa(target), "compile")
@@ -212,9 +211,8 @@ def emit(program: object, output: str | Path, *, name: str | None = None,
     """Write ``output.c`` and ``output.h``: one C function computing ``program`` with no
     dependency on blacc. Returns the two paths. ``target``: 'host' (this machine's
     intrinsics, ``host_isa``), 'avx512', 'avx2', or 'generic' (plain C99 for any
-    compiler). A
-    ``search`` other than 'model' times candidates here, so needs a target this machine
-    runs."""
+    compiler). A ``search`` other than 'model' times candidates here, so needs a target
+    this machine runs."""
     out = Path(output)
     fname = name or re.sub(r"\W", "_", out.stem)
     measure = _measurer(program, fname, operands, target) if search != "model" else None

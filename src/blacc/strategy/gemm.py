@@ -186,7 +186,7 @@ def choose(m: int, n: int, k: int, dtype: str, *, machine: Machine, isa: Isa,
     vector loads need that); then register tiles fitted to m and n run in place. A
     matrix times a vector (n = 1) with rows of A and the vector contiguous is a tile of
     dot products (``dot_tiles``)."""
-    mr, nr, lanes = register_tile(dtype, isa)
+    _, nr, lanes = register_tile(dtype, isa)
     ku = 4
     size = itemsize(dtype)
     if n == 1 and lanes > 1 and a_unit_cols and b_unit_rows:

@@ -47,6 +47,10 @@ class Isa:
     gemm_tile: tuple[int, int] | None = None
     gemm_kc: int | None = None
 
+    def missing(self, machine: Machine) -> list[str]:
+        """The flags of ``requires`` that ``machine`` lacks (empty: it runs this ISA)."""
+        return [f for f in self.requires if not machine.has(f)]
+
     def lanes(self, dtype: str) -> int:
         """Lanes of one full vector register for ``dtype`` (1 when the ISA has no vectors)."""
         v = self.vectors.get(dtype)
@@ -268,6 +272,7 @@ AVX2 = Isa(
     requires=("avx2", "fma"),
 )
 
+
 def _avx512_ops() -> dict[tuple[str, str], str]:
     """AVX-512 (F, DQ, VL): 512-bit vectors, and 256-bit ones for leftovers. Partial
     vectors are masked moves with a mask register (``__mmask16``/``__mmask8``): one fast
@@ -326,9 +331,9 @@ AVX512 = Isa(
     narrow={"f32": VectorType("__m256", 8), "f64": VectorType("__m256d", 4)},
     prelude=_AVX512_PRELUDE,
     register_constraint="v",  # any of zmm0-31 ("x" is only the first 16)
-    # 6 x 4 vectors and kc = 384 (B slivers then live in L2, not L1): on a Sapphire
-    # Rapids core, 1000^3 f32 169 GFLOPS against 141 for 14 x 2 at the model's kc = 224,
-    # f64 95 against 85 (benchmarks/tune_gemm.py --backend llvm, one run)
+    # 6 x 4 vectors and kc = 384 (B slivers then live in L2, not L1): on a Xeon with
+    # AVX-512 and AMX, 1000^3 f32 175 GFLOPS against 157 for 14 x 2 at the model's kc =
+    # 224, f64 88 against 80 (docs/blocking.md, "AVX-512")
     gemm_tile=(6, 4),
     gemm_kc=384,
     requires=("avx512f", "avx512dq", "avx512vl", "avx2", "fma"),
@@ -341,18 +346,23 @@ GENERIC = Isa(name="generic", registers=16, flags=(), header=None)
 ISAS = {isa.name: isa for isa in (AVX512, AVX2, GENERIC)}
 
 
+def requested_isa() -> str:
+    """The ISA name ``BLACC_ISA`` asks for, lower case; '' when unset or blank."""
+    return os.environ.get("BLACC_ISA", "").strip().lower()
+
+
 def isa_for(machine: Machine) -> Isa:
     """The widest ISA table this machine can run, or the one the environment variable
     ``BLACC_ISA`` names (``avx512``, ``avx2``, ``generic``): e.g. AVX2 code on an AVX-512
     machine, to compare the two or to keep a core out of its 512-bit clock license."""
-    name = os.environ.get("BLACC_ISA", "").strip().lower()
+    name = requested_isa()
     if not name:
-        return next(isa for isa in ISAS.values() if machine.has(*isa.requires))
+        return next(isa for isa in ISAS.values() if not isa.missing(machine))
     isa = ISAS.get(name)
     if isa is None:
         raise ArgumentError(f"BLACC_ISA={name!r} is not an instruction set blacc knows: "
                             f"choose one of {', '.join(ISAS)}")
-    missing = [f for f in isa.requires if not machine.has(f)]
+    missing = isa.missing(machine)
     if missing:
         raise ArgumentError(f"BLACC_ISA={name!r}: this machine lacks {', '.join(missing)}")
     return isa
