@@ -225,3 +225,33 @@ def test_model_charges_known_counts_as_plain_moves():
     assert _counted(module)
     cost = small.model_cost(module, 0, AVX2)
     assert cost < 6 * small.MASKED_STORE, cost
+
+
+def test_model_charges_masked_stores_into_scratch_arrays():
+    """With mask registers (AVX-512) a masked store is one fast instruction, unless its
+    array is scratch that the kernel reads back: loads are not forwarded from masked
+    stores. t0 = A0 + A1 (5 x 5 f32) written by rows of 5 of 8 lanes, then read by
+    C = t0'*B: its five stores cost as much as AVX2's masked stores."""
+    from dataclasses import replace
+
+    from blacc.blacs import _typed
+    from blacc.target.isa import AVX512
+    from blacc.transform.blac import candidates
+    from blacc.transform.index_notation import arg_specs, forms
+
+    decls = dict(A0=M(5, 5, "f32"), A1=M(5, 5, "f32"), B=M(5, 5, "f32"), C=M(5, 5, "f32"))
+    typed = _typed("C = (A0 + A1)'*B", decls)
+    specs = arg_specs(typed)
+    form = next(f for f in forms(typed) if len(f.ops) == 2)
+    by_rows = next(s for s in candidates(form, form.ops[0], AVX512)
+                   if s.vector == "j" and s.block == (1, 1))
+    rest = small.options(form, specs, AVX512)[1][0][1]
+    module = build_module(form, specs, (by_rows, rest), AVX512, "scratch")
+    entry = module.function(module.entry)
+    assert any(isinstance(s, k.Local) for s in entry.body)
+    # the same code with t0 not known as scratch: its stores cost one each
+    unknown = replace(entry, body=tuple(s for s in entry.body if not isinstance(s, k.Local)))
+    plain = replace(module, functions=tuple(unknown if f is entry else f
+                                            for f in module.functions))
+    charged, cheap = small.model_cost(module, 0, AVX512), small.model_cost(plain, 0, AVX512)
+    assert cheap < 5 * small.MASKED_STORE <= charged, (charged, cheap)

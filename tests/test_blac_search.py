@@ -13,7 +13,7 @@ import pytest
 import blacc
 from blacc.blacs import plan
 from blacc.errors import ScheduleError
-from blacc.strategy.small import options
+from blacc.strategy.small import choose, options
 from test_blac_programs import assert_matches, make_values
 
 M, V, S = blacc.Matrix, blacc.Vector, blacc.Scalar
@@ -76,8 +76,15 @@ def test_random_samples_within_the_budget_reproducibly():
 
 @pytest.mark.parametrize("search", ["exhaustive", "random"])
 def test_measuring_search_needs_a_clock(search):
+    """``choose`` itself times nothing; ``plan`` gives it one that runs kernels here."""
+    p = plan("y = A*x", A=M(3, 3), x=V(3), y=V(3))
     with pytest.raises(ScheduleError, match="needs measure"):
-        plan("y = A*x", search=search, A=M(3, 3), x=V(3), y=V(3))
+        choose(p.indexed, p.specs, p.isa, search=search)
+
+
+def test_unknown_search_is_refused_before_anything_is_modelled():
+    with pytest.raises(ScheduleError, match="search must be one of"):
+        plan("y = A*x", search="fastest", A=M(3, 3), x=V(3), y=V(3))
 
 
 def test_emit_with_a_measuring_search(tmp_path):

@@ -151,17 +151,56 @@ def test_avx512_packed_plan_is_the_measured_tile_and_kc():
     assert (avx2["mr"], avx2["nr"]) == (6, 16)  # AVX2 keeps the model's tile
 
 
-def test_small_programs_stay_on_avx2_unless_asked(monkeypatch):
+def _avx512_host(monkeypatch):
+    """blacs on a (pretend) AVX-512 machine, whose ISA follows BLACC_ISA."""
     from blacc import blacs
 
+    machine = _machine(*AVX512_FLAGS)
+    monkeypatch.setattr(blacs, "host_target",
+                        lambda: gemm_runtime.Target(machine, isa_for(machine)))
+    return blacs
+
+
+def test_small_programs_choose_avx2_or_avx512_on_an_avx512_host(monkeypatch):
+    """'host' on an AVX-512 machine is AVX2 or AVX-512 per program, by the model: a wide
+    output fills 512-bit vectors (C = A*B, 4 x 4 x 64 f32: the model halves the FMAs),
+    4-wide rows do not (y = A*x, A 16 x 4 f32). BLACC_ISA fixes one."""
     monkeypatch.delenv("BLACC_ISA", raising=False)
-    monkeypatch.setattr(blacs, "host_target", lambda: gemm_runtime.Target(
-        _machine(*AVX512_FLAGS), AVX512))
-    assert blacs.host_isa() is AVX2
+    blacs = _avx512_host(monkeypatch)
+    assert blacs.host_isas() == (AVX2, AVX512)
+    wide = dict(A=blacc.Matrix(4, 4, "f32"), B=blacc.Matrix(4, 64, "f32"),
+                C=blacc.Matrix(4, 64, "f32"))
+    narrow = dict(A=blacc.Matrix(16, 4, "f32"), x=blacc.Vector(4, "f32"),
+                  y=blacc.Vector(16, "f32"))
+    assert blacs.plan("C = A*B", **wide).isa is AVX512
+    assert blacs.plan("y = A*x", **narrow).isa is AVX2
+    assert blacs.plan("C = A*B", target="avx2", **wide).isa is AVX2
+    monkeypatch.setenv("BLACC_ISA", "avx2")
+    assert blacs.host_isas() == (AVX2,)
+    assert blacs.plan("C = A*B", **wide).isa is AVX2
     monkeypatch.setenv("BLACC_ISA", "avx512")
-    assert blacs.host_isa() is AVX512
+    assert blacs.host_isas() == (AVX512,)
+    assert blacs.plan("y = A*x", **narrow).isa is AVX512
+
+
+def test_worth_wider_needs_a_clear_modelled_gain():
+    from blacc.strategy.small import CALL_CYCLES, WIDER_GAIN, worth_wider
+
+    assert worth_wider([100.0]) == 0
+    assert worth_wider([100.0, 100.0]) == 0
+    assert worth_wider([100.0, 50.0]) == 1
+    # just short of the gain once the fixed cost of a call is counted
+    short = (100.0 + CALL_CYCLES) / WIDER_GAIN - CALL_CYCLES + 1.0
+    assert worth_wider([100.0, short]) == 0
+    assert worth_wider([100.0, short - 2.0]) == 1
+
+
+def test_compile_refuses_a_target_the_machine_cannot_run(monkeypatch):
+    from blacc import blacs
+
     monkeypatch.setattr(blacs, "host_target", lambda: gemm_runtime.Target(
         _machine("avx2", "fma"), AVX2))
+    assert blacs.host_isas() == (AVX2,)
     with pytest.raises(ArgumentError, match="cannot run target 'avx512'.*lacks avx512f"):
         blacc.compile("y = A*x", target="avx512", A=blacc.Matrix(3, 3), x=blacc.Vector(3),
                       y=blacc.Vector(3))

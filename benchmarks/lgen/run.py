@@ -99,10 +99,10 @@ def machine_info(tc: h.Toolchain) -> dict:
 
 
 def vector_lanes() -> dict[str, int]:
-    """Lanes of a full vector per dtype of the ISA blacc emits for ('host')."""
-    from blacc.blacs import host_isa
+    """Lanes of a full vector per dtype of the widest ISA blacc may emit for ('host')."""
+    from blacc.blacs import host_isas
 
-    isa = host_isa()
+    isa = host_isas()[-1]
     return {dt: isa.lanes(dt) for dt in ("f32", "f64")}
 
 

@@ -31,7 +31,7 @@ from .ir import kernel as k
 from .runtime.gemm import host_target
 from .runtime.plan_cache import Choice, remembered
 from .runtime.signature import ArgSpec
-from .strategy.small import cheapest_form, choose
+from .strategy.small import SEARCHES, cheapest_form, choose, program_cost, worth_wider
 from .target.isa import AVX2, AVX512, GENERIC, Isa, requested_isa
 from .transform.blac import OpSchedule, build_module
 from .transform.blac import candidates as schedule_candidates
@@ -67,26 +67,32 @@ def _typed(program: object, operands: Mapping[str, Decl]) -> TypedProgram:
                         f"built with operators, not {type(program).__name__}")
 
 
+def _is_host(target: str | Isa | None) -> bool:
+    return not isinstance(target, Isa) and (target or "host") == "host"
+
+
 def _isa(target: str | Isa | None) -> Isa:
+    """The ISA ``target`` names; for 'host', the widest of ``host_isas``."""
     if isinstance(target, Isa):
         return target
     name = target or "host"
     if name not in TARGETS:
         raise ArgumentError(f"unknown target {name!r}: choose one of {', '.join(TARGETS)}")
-    return TARGETS[name] or host_isa()
+    return TARGETS[name] or host_isas()[-1]
 
 
-def host_isa() -> Isa:
-    """What 'host' means for fixed-size programs: this machine's ISA (``isa_for``), but
-    AVX2 on an AVX-512 machine unless ``BLACC_ISA`` names one. Small operands fill few of
-    a 512-bit vector's lanes, and the AVX-512 table has one narrower level (256-bit) where
-    AVX2 has 128-bit vectors for leftovers: on a Xeon with AVX-512, the quick LGen
-    benchmark ran 0.82x as fast (geomean of 144 cases) with 512-bit vectors. GEMM, whose
-    register tiles fill them, uses AVX-512."""
+def host_isas() -> tuple[Isa, ...]:
+    """What 'host' may mean for a fixed-size program, narrowest first: this machine's ISA
+    (``isa_for``), and on an AVX-512 machine both AVX2 and AVX-512 unless ``BLACC_ISA``
+    names one. The cost model then picks one per program (``strategy.small.worth_wider``):
+    small operands fill few of a 512-bit vector's lanes, and the AVX-512 table's one
+    narrower level is 256-bit where AVX2 has 128-bit vectors for leftovers (on a Xeon with
+    AVX-512, LGen's cases ran 0.82x as fast, geomean of 510, all on 512-bit vectors);
+    wide outputs run up to 1.6x as fast on them."""
     isa = host_target().isa
     if isa is AVX512 and not requested_isa():
-        return AVX2
-    return isa
+        return (AVX2, AVX512)
+    return (isa,)
 
 
 def _runnable(isa: Isa, what: str) -> Isa:
@@ -101,17 +107,31 @@ def _runnable(isa: Isa, what: str) -> Isa:
 def plan(program: object, *, name: str = "blac_kernel", target: str | Isa | None = None,
          search: str = "model", measure_with: object = None,
          **operands: Decl) -> Plan:
-    """Decide how to compute ``program``: see ``compile``. ``measure_with`` is used by the
-    measuring searches (a callable schedule -> seconds)."""
+    """Decide how to compute ``program``: see ``compile``. ``measure_with`` (a callable
+    schedule -> seconds) times candidates for the measuring searches; by default they are
+    compiled and run here."""
     if not _IDENT.fullmatch(name) or name.startswith(("blacc_", "__")):
         raise ArgumentError(f"kernel name {name!r} is not a valid C identifier for blacc")
+    if search not in SEARCHES:
+        raise ScheduleError(f"search must be one of {', '.join(SEARCHES)}, not {search!r}")
     typed = _typed(program, operands)
     specs = arg_specs(typed)
-    isa = _isa(target)
     candidates = forms(typed)
-    if search == "model":
-        return _model_plan(typed, specs, isa, candidates, name)
+    if _is_host(target) and len(isas := host_isas()) > 1:
+        # one plan per ISA by the model; a measuring search then searches the chosen ISA
+        modelled = [_model_plan(typed, specs, isa, candidates, name) for isa in isas]
+        costs = [program_cost(p.module, p.indexed, p.schedule, p.isa) for p in modelled]
+        chosen = modelled[worth_wider(costs)]
+        if search == "model":
+            return chosen
+        isa = chosen.isa
+    else:
+        isa = _isa(target)
+        if search == "model":
+            return _model_plan(typed, specs, isa, candidates, name)
     indexed, per_op = cheapest_form(candidates, specs, isa)
+    if measure_with is None:
+        measure_with = _measurer(indexed, specs, _runnable(isa, "search"), name)
     schedule = choose(indexed, specs, isa, search=search, measure=measure_with, per_op=per_op)
     module = build_module(indexed, specs, schedule, isa, name)
     return Plan(typed, indexed, specs, schedule, module, isa)
@@ -161,33 +181,25 @@ def compile(program: object, *, search: str = "model", name: str = "blac_kernel"
     are declared by keyword: ``A=blacc.Matrix(5, 9, 'f32')``, ``x=blacc.Vector(9, 'f32')``,
     ``alpha=blacc.Scalar('f32')``. ``search``: 'model' (default: a cost model, nothing
     measured), 'exhaustive' or 'random' (compile candidates, time them, keep the
-    fastest). ``target``: 'host' (default: ``host_isa``, AVX2 also on an AVX-512
-    machine) or another ISA this machine runs ('avx512', 'avx2', 'generic'). The kernel
+    fastest). ``target``: 'host' (default: this machine's ISA; on an AVX-512
+    machine AVX2 or AVX-512, whichever the model finds faster, see ``host_isas``) or
+    another ISA this machine runs ('avx512', 'avx2', 'generic'). The kernel
     takes operands by name; array outputs are written in place (allocated when omitted)
     and scalar outputs returned."""
     from .runtime.pycall import FixedKernel
 
     _runnable(_isa(target), "compile")
-    measure = None
-    if search != "model":
-        measure = _measurer(program, name, operands, target)
-    chosen = plan(program, name=name, target=target, search=search, measure_with=measure,
-                  **operands)
+    chosen = plan(program, name=name, target=target, search=search, **operands)
     return FixedKernel.build(chosen.source, name, chosen.specs, flags=chosen.isa.flags)
 
 
-def _measurer(program: object, name: str, operands: Mapping[str, Decl],
-              target: str | Isa | None = None):
-    """Time a candidate schedule: compile it for this machine and call it on random
-    operands. The index form is the one ``plan`` chooses for ``target``, so the
-    schedules it is given fit it."""
+def _measurer(indexed: ix.Program, specs: tuple[ArgSpec, ...], isa: Isa, name: str):
+    """Time a candidate schedule of ``indexed``: compile it for this machine and call it
+    on random operands."""
     from .runtime.pycall import FixedKernel
 
-    typed = _typed(program, operands)
-    specs, isa = arg_specs(typed), _runnable(_isa(target), "search")
-    indexed, _ = cheapest_form(forms(typed), specs, isa)
     rng = np.random.default_rng(0)
-    dt = np.float32 if typed.dtype == "f32" else np.float64
+    dt = np.float32 if indexed.dtype == "f32" else np.float64
     args = [rng.uniform(-1, 1, (s.rows, s.cols)).astype(dt) if s.kind == "array" else 0.5
             for s in specs]
 
@@ -210,14 +222,12 @@ def emit(program: object, output: str | Path, *, name: str | None = None,
          target: str = "host", search: str = "model", **operands: Decl) -> tuple[Path, Path]:
     """Write ``output.c`` and ``output.h``: one C function computing ``program`` with no
     dependency on blacc. Returns the two paths. ``target``: 'host' (this machine's
-    intrinsics, ``host_isa``), 'avx512', 'avx2', or 'generic' (plain C99 for any
+    intrinsics, ``host_isas``), 'avx512', 'avx2', or 'generic' (plain C99 for any
     compiler). A ``search`` other than 'model' times candidates here, so needs a target
     this machine runs."""
     out = Path(output)
     fname = name or re.sub(r"\W", "_", out.stem)
-    measure = _measurer(program, fname, operands, target) if search != "model" else None
-    p = plan(program, name=fname, target=target, search=search, measure_with=measure,
-             **operands)
+    p = plan(program, name=fname, target=target, search=search, **operands)
     header, source = standalone_c(p)
     c_path, h_path = out.with_suffix(".c"), out.with_suffix(".h")
     h_path.write_text(header, encoding="utf-8")

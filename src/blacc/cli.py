@@ -160,10 +160,11 @@ def _info(args: argparse.Namespace) -> int:
     shown = dict(to_dict() if callable(to_dict) else vars(machine))
     compiler = find_compiler(os.environ.get("CC"))
     shown["compiler"] = f"{' '.join(compiler.command)} ({compiler.version})"
-    from blacc.blacs import host_isa
+    from blacc.blacs import host_isas
     from blacc.target.isa import isa_for
 
-    shown["isa"] = f"{isa_for(machine).name} (GEMM), {host_isa().name} (fixed-size programs)"
+    small = " or ".join(isa.name for isa in host_isas())
+    shown["isa"] = f"{isa_for(machine).name} (GEMM), {small} (fixed-size programs)"
     if args.peak:
         from blacc.bench.peak import measure_peak
 

@@ -107,7 +107,7 @@ def _expr_issue(e: k.Expr, acc: _Issue, isa: Isa, loop: str | None = None,
         elif isa.plain_moves("load", e.dtype, e.lanes, k.const_value(e.count)):
             acc.loads += 1.0  # one narrower load
         else:
-            acc.loads += MASKED_LOAD
+            acc.loads += 1.0 if isa.mask_registers else MASKED_LOAD
     elif isinstance(e, k.Broadcast):
         if isinstance(e.value, k.Load) and e.value.count is None:
             # a broadcast straight from memory: a load of its own (not folded into an
@@ -177,8 +177,8 @@ def _reduce_latency(e: k.Expr) -> int:
     return 0
 
 
-def _cycles(body: tuple[k.Stmt, ...], isa: Isa,
-            loop: str | None = None) -> tuple[float, _Issue, int]:
+def _cycles(body: tuple[k.Stmt, ...], isa: Isa, loop: str | None = None,
+            scratch: frozenset[str] = frozenset()) -> tuple[float, _Issue, int]:
     """(estimated cycles, instructions issued, dependent updates carried by variables
     declared outside ``body``) of straight-line code with loops. Straight-line code runs
     out of order: its time is its issue time or its longest chain of dependent updates,
@@ -209,7 +209,12 @@ def _cycles(body: tuple[k.Stmt, ...], isa: Isa,
                                            k.const_value(s.count)):
                 segment.stores += len(pieces)  # the later ones shuffled down first
                 segment.shuffles += len(pieces) - 1
+            elif isa.mask_registers and s.buf not in scratch:
+                segment.stores += 1.0
             else:
+                # a masked store into a scratch array (``scratch``) is read back soon,
+                # and loads are not forwarded from masked stores: they wait for it to
+                # reach the cache (AVX-512 on a Xeon: micro_gemam 5x5 f32 ran 4x slower)
                 segment.stores += MASKED_STORE
             _expr_issue(s.value, segment, isa, loop, joined)
             tail = max(tail, _reduce_latency(s.value))
@@ -220,7 +225,7 @@ def _cycles(body: tuple[k.Stmt, ...], isa: Isa,
             joined = set()
             chains = {n: c for n, c in chains.items() if n not in local}
             trips = max(0, (s.stop.value - s.start.value + s.step - 1) // s.step)
-            inner, inner_issue, carried = _cycles(s.body, isa, s.var.name)
+            inner, inner_issue, carried = _cycles(s.body, isa, s.var.name, scratch)
             inner_issue.other += 2  # the counter and the branch
             # each iteration also pays for its taken branch and the loop's bookkeeping
             total += max(trips * (inner_issue.cycles + LOOP_OVERHEAD),
@@ -236,14 +241,44 @@ def model_cost(module: k.Module, registers_needed: int, isa: Isa) -> float:
     """Estimated cycles of a fixed-size kernel; a block that needs more vector registers
     than the target has spills (a store and a load per extra register and use)."""
     body = module.function(module.entry).body
-    cycles, _, _ = _cycles(body, isa)
+    scratch = frozenset(s.buf for s in body if isinstance(s, k.Local))
+    cycles, _, _ = _cycles(body, isa, scratch=scratch)
     # the straight-line code outside loops, at the rate it can be fetched
-    straight = sum(_cycles((s,), isa)[1].total for s in body if not isinstance(s, k.For))
+    straight = sum(_cycles((s,), isa, scratch=scratch)[1].total
+                   for s in body if not isinstance(s, k.For))
     cycles = max(cycles, min(straight, OP_CACHE_INSTRUCTIONS) / DISPATCH
                  + max(0.0, straight - OP_CACHE_INSTRUCTIONS) / FRONTEND_RATE)
     if registers_needed > isa.registers:
         cycles *= 1.0 + 0.25 * (registers_needed - isa.registers)
     return cycles
+
+
+def program_cost(module: k.Module, program: ix.Program, schedule: Sequence[OpSchedule],
+                 isa: Isa) -> float:
+    """Estimated cycles of ``module``, built from ``program`` with ``schedule``: the
+    whole kernel at once, with the register need of its largest block."""
+    need = max(_registers(op, s) for op, s in zip(program.ops, schedule, strict=True))
+    return model_cost(module, need, isa)
+
+
+#: Choosing between ISAs of one machine (AVX2 and AVX-512): fixed cycles of a call that
+#: no ISA shortens (the call, the latency of a first load and last store), and how much
+#: faster the wider one must be modelled to be taken: wider vectors also cost what the
+#: model does not see (clock, loads waiting on masked stores of the previous call).
+#: Fitted to LGen's 510 cases on a Xeon with AVX-512, each timed with both ISAs: of the
+#: rules (call 0-32 cycles, gain 1.1-1.8) this one gave the best geomean, 1.06x over
+#: AVX2 alone, with 4 cases below 0.9x (benchmarks/lgen/README.md, "AVX-512").
+CALL_CYCLES = 4.0
+WIDER_GAIN = 1.5
+
+
+def worth_wider(costs: Sequence[float]) -> int:
+    """Index of the ISA to use, given each one's ``program_cost``, narrowest first: the
+    widest whose modelled time, with ``CALL_CYCLES`` added, is at least ``WIDER_GAIN``
+    times shorter than the narrowest one's."""
+    base = costs[0] + CALL_CYCLES
+    return max((i for i, c in enumerate(costs) if base >= WIDER_GAIN * (c + CALL_CYCLES)),
+               default=0)
 
 
 def _registers(op: ix.Op, sched: OpSchedule) -> int:

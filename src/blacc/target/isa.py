@@ -46,6 +46,9 @@ class Isa:
     #: (``target.blocking``). None: the model's.
     gemm_tile: tuple[int, int] | None = None
     gemm_kc: int | None = None
+    #: Masked moves take a mask register and are one fast instruction (AVX-512), not
+    #: AVX2's vmaskmov, whose stores are microcoded on AMD cores.
+    mask_registers: bool = False
 
     def missing(self, machine: Machine) -> list[str]:
         """The flags of ``requires`` that ``machine`` lacks (empty: it runs this ISA)."""
@@ -336,6 +339,7 @@ AVX512 = Isa(
     # 224, f64 88 against 80 (docs/blocking.md, "AVX-512")
     gemm_tile=(6, 4),
     gemm_kc=384,
+    mask_registers=True,
     requires=("avx512f", "avx512dq", "avx512vl", "avx2", "fma"),
 )
 
