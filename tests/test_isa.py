@@ -204,3 +204,18 @@ def test_compile_refuses_a_target_the_machine_cannot_run(monkeypatch):
     with pytest.raises(ArgumentError, match="cannot run target 'avx512'.*lacks avx512f"):
         blacc.compile("y = A*x", target="avx512", A=blacc.Matrix(3, 3), x=blacc.Vector(3),
                       y=blacc.Vector(3))
+
+
+def test_rows_of_b_reloaded_where_hoisted_broadcasts_fill_the_registers():
+    """C = A*B, n x 4 x n on AVX-512: for n = 48 f32 (and 24 f64) a block of 6 rows hoists
+    24 broadcasts out of a 3-trip loop along the row, which the C compiler unrolls; its
+    rows of B would then be hoisted too and spilled, so each block reloads them after a
+    barrier. With 4-row blocks (n = 64) the compiler is left alone."""
+    def source(n: int, dtype: str) -> str:
+        decls = dict(A=blacc.Matrix(n, 4, dtype), B=blacc.Matrix(4, n, dtype),
+                     C=blacc.Matrix(n, n, dtype))
+        return blacc.blacs.plan("C = A*B", target="avx512", **decls).source
+
+    assert "BLACC_BARRIER();" in source(48, "f32")
+    assert "BLACC_BARRIER();" in source(24, "f64")
+    assert "BLACC_BARRIER();" not in source(64, "f32")
