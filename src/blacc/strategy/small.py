@@ -267,7 +267,8 @@ def program_cost(module: k.Module, program: ix.Program, schedule: Sequence[OpSch
 #: model does not see (clock, loads waiting on masked stores of the previous call).
 #: Fitted to LGen's 510 cases on a Xeon with AVX-512, each timed with both ISAs: of the
 #: rules (call 0-32 cycles, gain 1.1-1.8) this one gave the best geomean, 1.06x over
-#: AVX2 alone, with 4 cases below 0.9x (benchmarks/lgen/README.md, "AVX-512").
+#: AVX2 alone (normalised by the loops' drift between the runs), with 4 cases below
+#: 0.9x (benchmarks/lgen/README.md, "AVX-512").
 CALL_CYCLES = 4.0
 WIDER_GAIN = 1.5
 

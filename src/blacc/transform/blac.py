@@ -716,18 +716,18 @@ def _reload_per_iteration(loop: k.For, spare: int, registers: int) -> k.For:
     invariant = {e for s in loop.body if not isinstance(s, k.For)
                  for e in nodes_of(s, k.Load)
                  if e.lanes > 1 and not names_used(e.index) & inside}
-    count = len(invariant)
     # broadcasts hoisted out of an inner loop stay live across it
     hoisted = sum(isinstance(s, k.Decl) and isinstance(s.value, k.Broadcast)
                   for s in loop.body)
+    peeled = 0
     for s in loop.body if 2 * hoisted > registers else ():
         if isinstance(s, k.For) and isinstance(s.stop, k.Const) and isinstance(s.start, k.Const):
             trips = -(-(s.stop.value - s.start.value) // s.step)
             if trips <= PEELED_TRIPS:
                 per_trip = {e for e in nodes_of(s.body, k.Load) if e.lanes > 1
                             and not names_used(e.index) & (inside - {s.var.name})}
-                count += hoisted + trips * len(per_trip)
-    if count <= spare:
+                peeled += trips * len(per_trip)
+    if len(invariant) + (hoisted + peeled if peeled else 0) <= spare:
         return loop
     return replace(loop, body=(k.Barrier(), *loop.body))
 
