@@ -26,6 +26,8 @@ import blacc
 from blacc.blacs import _typed, plan
 from blacc.errors import ScheduleError
 from blacc.ir import indexed as ix
+from blacc.ir import kernel as kir
+from blacc.ir.walk import nodes_of
 from blacc.strategy.small import cheapest_form, choose, options
 from blacc.target.isa import AVX2, GENERIC
 from blacc.transform.blac import build_module, candidates
@@ -232,13 +234,17 @@ def test_planner_takes_the_cheaper_form(name, shape):
 
 
 def test_gemam_panel_computes_the_sum_once():
-    """C = alpha*(A0 + A1)'*B + beta*C with (A0 + A1)' 48 x 4: fused, every row's four
-    sums are two broadcasts and an add each; computed once, the sum is 24 vector adds."""
+    """C = alpha*(A0 + A1)'*B + beta*C with (A0 + A1)' 48 x 4: the sum is vector adds of
+    A0 and A1 (computed once into a temporary, or fused into tiles down the columns of
+    C, where A0 and A1 are vectors), not two broadcasts and an add per row and k, as
+    fused rows of C would take."""
     decls, _, _, _ = _forms("gemam", 48, 4, 4, "f32")
     p = plan(PROGRAMS["gemam"][0], target="avx2", **decls)
-    sums = [op for op in p.indexed.ops
-            if {r.operand for r in ix.reads(op.body)} == {"A0", "A1"}]
-    assert len(sums) == 1 and sums[0].out in {t.name for t in _temporaries(p.indexed)}
+    adds = [e for e in nodes_of(p.module, kir.Bin) if e.op == "+" and e.lanes == 8
+            and {x.buf for x in (e.a, e.b) if isinstance(x, kir.Load)} == {"A0", "A1"}]
+    assert adds, p.schedule
+    assert not [e for e in nodes_of(p.module, kir.Broadcast) if isinstance(e.value, kir.Load)
+                and e.value.buf in ("A0", "A1")]
 
 
 @pytest.mark.parametrize("dtype", ["f32", "f64"])
@@ -264,7 +270,7 @@ def test_measuring_search_for_another_target_times_the_planned_form(tmp_path):
     """emit(target='generic', search='exhaustive') on a machine with AVX2: the two
     targets' models prefer different forms (one operation or two); the candidates timed
     must be schedules of the form planned for the target."""
-    decls = dict(alpha=S(), A0=M(4, 48), A1=M(4, 48), B=M(4, 4), beta=S(), C=M(48, 4))
+    decls = dict(alpha=S(), A0=M(4, 12), A1=M(4, 12), B=M(4, 4), beta=S(), C=M(12, 4))
     source = PROGRAMS["gemam"][0]
     typed = _typed(source, decls)
     specs = arg_specs(typed)

@@ -92,6 +92,11 @@ class _Renderer:
             return self.isa.op(name, e.dtype, e.lanes).format(**xs)
         if isinstance(e, (k.Halves, k.HalfSplat, k.Half)):
             return self.halves(e)
+        if isinstance(e, (k.Zip, k.Unzip)):
+            name = (("zip_lo", "zip_hi")[e.half] if isinstance(e, k.Zip)
+                    else ("unzip_even", "unzip_odd")[e.odd])
+            return self.isa.op(name, e.dtype, e.lanes).format(a=self.expr(e.a),
+                                                               b=self.expr(e.b))
         raise TypeError(f"the C backend cannot print {type(e).__name__}")
 
     # A leftover vector of a known count moves as plain loads and stores of its first

@@ -254,6 +254,10 @@ class _FunctionWriter:
             return self.matrix_multiply(e)
         if isinstance(e, (k.Halves, k.HalfSplat, k.Half)):
             return self.halves(e)
+        if isinstance(e, (k.Zip, k.Unzip)):
+            mask = (k.zip_lanes(e.lanes, e.half) if isinstance(e, k.Zip)
+                    else k.unzip_lanes(e.lanes, e.odd))
+            return self.shuffle(self.expr(e.a), self.expr(e.b), mask)
         raise TypeError(f"the LLVM backend cannot print {type(e).__name__}")
 
     def halves(self, e: k.Halves | k.HalfSplat | k.Half) -> _Val:

@@ -85,6 +85,11 @@ def evaluate(e: k.Expr, env: _Env) -> Any:
         h = e.lanes
         part = x[e.which * h:(e.which + 1) * h].copy()
         return part[0] if h == 1 else part
+    if isinstance(e, (k.Zip, k.Unzip)):
+        both = np.concatenate([evaluate(e.a, env), evaluate(e.b, env)])
+        lanes = (k.zip_lanes(e.lanes, e.half) if isinstance(e, k.Zip)
+                 else k.unzip_lanes(e.lanes, e.odd))
+        return both[lanes]
     if isinstance(e, k.Ref):
         buf = v[e.buf]
         i = int(evaluate(e.index, env))

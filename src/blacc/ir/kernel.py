@@ -213,6 +213,72 @@ class Half(Expr):
 
 
 @dataclass(frozen=True, eq=True)
+class _TwoVectors(Expr):
+    """Lanes picked from two vectors of one type and 2, 4, 8, ... lanes."""
+
+    a: Expr
+    b: Expr
+
+    def __post_init__(self) -> None:
+        a, b = self.a, self.b
+        if a.lanes != b.lanes or a.dtype != b.dtype or a.lanes < 2 or a.lanes & (a.lanes - 1):
+            raise ValueError(f"{type(self).__name__} takes two vectors of one type and 2, 4, "
+                             f"8, ... lanes, got {a.lanes} x {a.dtype} and {b.lanes} x "
+                             f"{b.dtype}")
+
+    @property
+    def dtype(self) -> str:  # type: ignore[override]
+        return self.a.dtype
+
+    @property
+    def lanes(self) -> int:  # type: ignore[override]
+        return self.a.lanes
+
+
+@dataclass(frozen=True, eq=True)
+class Zip(_TwoVectors):
+    """The low (``half`` 0) or high (1) half of the lanes of ``a`` and ``b`` interleaved,
+    a0 b0 a1 b1 ...: with a tree of them, w vectors of the columns of a tile become its
+    rows, contiguous in memory (a tile of C computed along a column, stored row by row).
+
+        Zip([a0 a1 a2 a3], [b0 b1 b2 b3], 0)  ->  [a0 b0 a1 b1]
+    """
+
+    half: int = 0
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.half not in (0, 1):
+            raise ValueError(f"Zip: half must be 0 or 1, got {self.half!r}")
+
+
+@dataclass(frozen=True, eq=True)
+class Unzip(_TwoVectors):
+    """The even (``odd`` 0) or odd (1) lanes of ``a`` followed by ``b``: the inverse of
+    ``Zip``, columns of a tile out of its rows.
+
+        Unzip([a0 a1 a2 a3], [b0 b1 b2 b3], 1)  ->  [a1 a3 b1 b3]
+    """
+
+    odd: int = 0
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.odd not in (0, 1):
+            raise ValueError(f"Unzip: odd must be 0 or 1, got {self.odd!r}")
+
+
+def zip_lanes(lanes: int, half: int) -> list[int]:
+    """Where ``Zip`` takes each lane from, counting ``b``'s lanes after ``a``'s."""
+    return [half * lanes // 2 + i // 2 + (lanes if i % 2 else 0) for i in range(lanes)]
+
+
+def unzip_lanes(lanes: int, odd: int) -> list[int]:
+    """Where ``Unzip`` takes each lane from, counting ``b``'s lanes after ``a``'s."""
+    return [2 * i + odd for i in range(lanes)]
+
+
+@dataclass(frozen=True, eq=True)
 class Ref(Expr):
     """The address of ``buf[index]``: a pointer argument for a ``Call``."""
 

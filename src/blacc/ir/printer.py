@@ -42,6 +42,10 @@ def expr(e: k.Expr) -> str:
         return f"halfsplat({expr(e.x)}, {e.lane})"
     if isinstance(e, k.Half):
         return f"half({expr(e.x)}, {e.which})"
+    if isinstance(e, k.Zip):
+        return f"zip{'_hi' if e.half else '_lo'}({expr(e.a)}, {expr(e.b)})"
+    if isinstance(e, k.Unzip):
+        return f"unzip{'_odd' if e.odd else '_even'}({expr(e.a)}, {expr(e.b)})"
     if isinstance(e, k.MatrixLoad):
         return f"mload{e.rows}x{e.cols}({e.buf}[{expr(e.index)}], stride={expr(e.stride)})"
     if isinstance(e, k.MatrixMultiply):

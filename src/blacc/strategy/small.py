@@ -150,6 +150,13 @@ def _expr_issue(e: k.Expr, acc: _Issue, isa: Isa, loop: str | None = None,
         if e.which:  # the high half needs vextractf128; the low one is free
             acc.shuffles += 1.0
         _expr_issue(e.x, acc, isa, loop, joined)
+    elif isinstance(e, (k.Zip, k.Unzip)):
+        # one two-source permute (vpermt2ps with AVX-512; unpcklps on 128 bits); a
+        # 256-bit one on AVX2 is two: within the 128-bit halves, then across them
+        wide = e.lanes * (4 if e.dtype == "f32" else 8) > 16 and not isa.mask_registers
+        acc.shuffles += 2.0 if wide else 1.0
+        _expr_issue(e.a, acc, isa, loop, joined)
+        _expr_issue(e.b, acc, isa, loop, joined)
     elif isinstance(e, k.SumLanes):
         # n vectors transposed and added: n - 1 adds and two shuffles per add; rows held
         # two per vector end in one permute more

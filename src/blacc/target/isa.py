@@ -13,6 +13,7 @@ import os
 from dataclasses import dataclass, field
 
 from ..errors import ArgumentError
+from ..ir.kernel import unzip_lanes, zip_lanes
 from .machine import Machine
 
 
@@ -185,6 +186,30 @@ def _avx2_ops() -> dict[tuple[str, str], str]:
     # ... and of n rows held two per vector, one in each 128-bit half
     ops[("sum_halves", "f32")] = "blacc_sum8x4_ps({x0}, {x1}, {x2}, {x3})"
     ops[("sum_halves", "f64")] = "blacc_sum4x2_pd({x0}, {x1})"
+    # Lanes of two vectors interleaved and split again (``Zip``, ``Unzip``): unpacks
+    # within the 128-bit halves, then the halves put in order
+    for dt, s, unzip in (("f32", "ps", "_mm256_castpd_ps(_mm256_permute4x64_pd("
+                                       "_mm256_castps_pd(_mm256_shuffle_ps({{a}}, {{b}}, "
+                                       "{imm})), 0xD8))"),
+                         ("f64", "pd", "_mm256_permute4x64_pd(_mm256_unpack{lohi}_pd("
+                                       "{{a}}, {{b}}), 0xD8)")):
+        unpacks = f"_mm256_unpacklo_{s}({{a}}, {{b}}), _mm256_unpackhi_{s}({{a}}, {{b}})"
+        ops.update({
+            ("zip_lo", dt): f"_mm256_permute2f128_{s}({unpacks}, 0x20)",
+            ("zip_hi", dt): f"_mm256_permute2f128_{s}({unpacks}, 0x31)",
+            ("unzip_even", dt): unzip.format(imm="0x88", lohi="lo"),
+            ("unzip_odd", dt): unzip.format(imm="0xDD", lohi="hi"),
+        })
+    ops.update({
+        ("zip_lo", "f32x4"): "_mm_unpacklo_ps({a}, {b})",
+        ("zip_hi", "f32x4"): "_mm_unpackhi_ps({a}, {b})",
+        ("unzip_even", "f32x4"): "_mm_shuffle_ps({a}, {b}, 0x88)",
+        ("unzip_odd", "f32x4"): "_mm_shuffle_ps({a}, {b}, 0xDD)",
+        ("zip_lo", "f64x2"): "_mm_unpacklo_pd({a}, {b})",
+        ("zip_hi", "f64x2"): "_mm_unpackhi_pd({a}, {b})",
+        ("unzip_even", "f64x2"): "_mm_unpacklo_pd({a}, {b})",
+        ("unzip_odd", "f64x2"): "_mm_unpackhi_pd({a}, {b})",
+    })
     # Leftovers of a known count move their first lanes with plain loads and stores
     # (``partial_pieces``, ``plain_moves``): an AVX2 masked store is microcoded on AMD
     # cores. Loads zero the other lanes, as a masked load does; a 256-bit vector is two
@@ -301,6 +326,15 @@ def _avx512_ops() -> dict[tuple[str, str], str]:
             })
         ops[("prefetch", dt)] = "_mm_prefetch((const char *)({addr}), _MM_HINT_T0)"
         ops[("hsum", dt)] = f"_mm512_reduce_add_{s}({{x}})"
+        # ``Zip`` and ``Unzip``: one two-source permute (vpermt2ps) each
+        for key, pre, lanes in ((dt, "_mm512", wide), (f"{dt}x{narrow}", "_mm256", narrow)):
+            ints = f"{pre}_setr_epi{32 if s == 'ps' else 64}{'x' if lanes == 4 else ''}"
+            for name, lanes_of in (("zip_lo", lambda n: zip_lanes(n, 0)),
+                                   ("zip_hi", lambda n: zip_lanes(n, 1)),
+                                   ("unzip_even", lambda n: unzip_lanes(n, 0)),
+                                   ("unzip_odd", lambda n: unzip_lanes(n, 1))):
+                index = ", ".join(map(str, lanes_of(lanes)))
+                ops[(name, key)] = f"{pre}_permutex2var_{s}({{a}}, {ints}({index}), {{b}})"
     # the two 256-bit halves of a 512-bit vector, for sums of accumulators (``Half``)
     ops.update({
         ("half_lo", "f32"): "_mm512_castps512_ps256({x})",

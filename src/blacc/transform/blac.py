@@ -11,6 +11,13 @@ independent. One index is mapped onto SIMD lanes:
 * the index of a reduction whose leaves have unit stride along it (``alpha = x'*y``,
   ``y = A*x`` with A row-major: k), finished by a horizontal sum.
 
+An output whose rows are 2, 4 or 8 elements long and follow one another, with the lanes
+down its columns (``C(n x 4) = alpha*(A0 + A1)'*B + beta*C``: A0 and A1 run along n), is
+computed as tiles transposed in registers (``_column_tiles``): w columns of a few vectors
+per block, zipped into rows to be stored (``Zip``); the element-wise rest of the body
+(beta*C) runs on the rows, and a read laid out like the output inside a sum is unzipped
+into columns (``Unzip``).
+
 Extents that are not multiples of the vector length end with a narrower vector
 (128-bit on AVX2) or a masked one — never a scalar tail where a vector op fits.
 Loops with few iterations are unrolled into straight-line code with constant
@@ -42,7 +49,7 @@ from dataclasses import dataclass, replace
 from ..errors import ScheduleError
 from ..ir import indexed as ix
 from ..ir import kernel as k
-from ..ir.walk import names_used, nodes_of, rewrite, substitute
+from ..ir.walk import names_used, nodes_of, rewrite, simplify, substitute
 from ..runtime.signature import ARRAY, ArgSpec
 from ..target.isa import Isa
 from .sum_lanes import batch_row_sums, index_offset
@@ -162,6 +169,10 @@ class _Gen:
         self.dt = program.dtype
         self.prefix = prefix
         self.n = 0
+        #: (u, w) while a tile is computed down its columns (``_column_tiles``): reads
+        #: of rows of w elements come out of ``Unzip``s, cached per block in ``columns``
+        self.transposed: tuple[str, int] | None = None
+        self.columns: dict[tuple[str, _Chunk], list[k.Expr]] = {}
 
     def fresh(self, hint: str, lanes: int) -> k.Var:
         self.n += 1
@@ -172,7 +183,7 @@ class _Gen:
         if isinstance(node, ix.Lit):
             return [k.Const(float(node.value), self.dt)] * len(ctxs)
         if isinstance(node, ix.Read):
-            return [self.read(node, c) for c in ctxs]
+            return [self.read(node, c, out) for c in ctxs]
         if isinstance(node, ix.Neg):
             return [self.combine("-", k.Const(0.0, self.dt), x)
                     for x in self.value(node.x, ctxs, out)]
@@ -189,7 +200,12 @@ class _Gen:
         paired = any(isinstance(v, _Pair) for v in ctx.values())
         return (2 if paired else 1) * chunk.width if chunk else 1
 
-    def read(self, r: ix.Read, ctx: dict) -> k.Expr:
+    def named(self, e: k.Expr, out: list[k.Stmt]) -> k.Var:
+        var = self.fresh("t", e.lanes)
+        out.append(k.Decl(var, e))
+        return var
+
+    def read(self, r: ix.Read, ctx: dict, out: list[k.Stmt]) -> k.Expr:
         st = self.store[r.operand]
         if st.scalar_var is not None:
             return st.scalar_var
@@ -209,13 +225,42 @@ class _Gen:
         if pair is not None:
             return self.read_pair(r, st, idx, pair, chunk, pos)
         index = st.index(idx[0], idx[1])
-        if chunk is None:
+        if chunk is None or chunk.width == 1:  # one element, at any stride
             return k.Load(st.buf, index, self.dt)
         if (st.rs, st.cs)[pos] != 1:
+            column = self.read_column(r, st, idx, pos, chunk, out)
+            if column is not None:
+                return column
             raise ScheduleError(f"vectorizing {self.s.vector!r} needs unit stride in "
                                 f"{r.operand}")
         count = k.Const(chunk.count) if chunk.masked else None
         return k.Load(st.buf, index, self.dt, chunk.width, count)
+
+    def read_column(self, r: ix.Read, st: _Storage, idx: list[k.Expr], pos: int,
+                    chunk: _Chunk, out: list[k.Stmt]) -> k.Expr | None:
+        """Under ``transposed`` (u, w): a column of an operand whose rows along u are w
+        elements long and follow one another (C of ``C(n x 4) = ... + beta*C``), as one
+        of the w vectors that ``Unzip``s make of the ``chunk``'s rows, loaded once per
+        block; None for any other read."""
+        if self.transposed is None:
+            return None
+        u, w = self.transposed
+        other = 1 - pos
+        operand = self.p.operand(r.operand)
+        if (r.index[other] != u or (st.rs, st.cs)[other] != 1 or (st.rs, st.cs)[pos] != w
+                or (operand.rows, operand.cols)[other] != w
+                or not isinstance(idx[other], k.Const)):
+            return None
+        key = (r.operand, chunk)
+        if key not in self.columns:
+            base = st.index(*(chunk.start_expr if a == pos else k.Const(0) for a in (0, 1)))
+            rows = [k.Load(st.buf, simplify(base + q * chunk.width), self.dt, chunk.width,
+                           None if n == chunk.width else k.Const(n))
+                    if n > 0 else k.Broadcast(k.Const(0.0, self.dt), chunk.width)
+                    for q, n in enumerate(_row_counts(chunk, w))]
+            self.columns[key] = unzip_rows([self.named(x, out) for x in rows],
+                                           lambda e: self.named(e, out))
+        return self.columns[key][int(idx[other].value)]
 
     def read_pair(self, r: ix.Read, st: _Storage, idx: list[k.Expr], axis: int,
                   chunk: _Chunk | None, pos: int | None) -> k.Expr:
@@ -468,10 +513,9 @@ def lower_op(program: ix.Program, op: ix.Op, sched: OpSchedule, isa: Isa,
     v = sched.vector
     stmts: list[k.Stmt] = []
     if v in extent:
-        if (st.rs, st.cs)[op.dims.index(v)] != 1 and st.scalar_var is None:
-            raise ScheduleError(f"vectorizing output dim {v!r} needs {op.out} contiguous "
-                                "along it")
         u = dj if v == di else di
+        if (st.rs, st.cs)[op.dims.index(v)] != 1 and st.scalar_var is None:
+            return _column_tiles(gen, op, st, v, u, extent)
         vchunks = chunks(extent[v], isa.widths(program.dtype))
         bu, bv = sched.block
         if sched.pairs:
@@ -559,6 +603,177 @@ def lower_op(program: ix.Program, op: ix.Op, sched: OpSchedule, isa: Isa,
 
     _row_blocks(extent[di], bu, sched.unroll, k.Var(f"{prefix}{di}"), rows, stmts)
     return stmts
+
+
+def _row_counts(chunk: _Chunk, w: int) -> list[int]:
+    """Valid elements of each of the w vectors that hold ``chunk.count`` rows of w
+    elements one after another."""
+    return [max(0, min(chunk.width, chunk.count * w - q * chunk.width)) for q in range(w)]
+
+
+def zip_rows(columns: Sequence[k.Expr], emit: Callable[[k.Expr], k.Expr]) -> list[k.Expr]:
+    """The w (2, 4, 8, ...) ``columns`` of a tile, each a vector down the rows, as w
+    vectors holding its rows one after another (row-major): log2(w) rounds of ``Zip``.
+    ``emit`` names the values of the inner rounds, each used twice; those of the last
+    round, used once each, are returned as expressions (one not stored is not built)."""
+    if len(columns) == 1:
+        return list(columns)
+    evens, odds = (_named(zip_rows(part, emit), emit) for part in (columns[0::2],
+                                                                  columns[1::2]))
+    return [k.Zip(a, b, h) for a, b in zip(evens, odds, strict=True) for h in (0, 1)]
+
+
+def unzip_rows(rows: Sequence[k.Expr], emit: Callable[[k.Expr], k.Expr]) -> list[k.Expr]:
+    """The inverse of ``zip_rows``: w vectors holding a tile's rows of w elements one
+    after another, as its w columns."""
+    if len(rows) == 1:
+        return list(rows)
+    pairs = range(0, len(rows), 2)
+    even, odd = (unzip_rows([emit(k.Unzip(rows[i], rows[i + 1], h)) for i in pairs], emit)
+                 for h in (0, 1))
+    return [(odd if c % 2 else even)[c // 2] for c in range(len(rows))]
+
+
+def _named(values: list[k.Expr], emit: Callable[[k.Expr], k.Expr]) -> list[k.Expr]:
+    return values if len(values) == 1 else [emit(x) for x in values]
+
+
+def _column_tiles(gen: _Gen, op: ix.Op, st: _Storage, v: str, u: str,
+                  extent: dict[str, int]) -> list[k.Stmt]:
+    """An output whose rows along ``u`` are w = 2, 4, 8, ... elements long, stored one
+    after another, with the lanes down its columns (``v``): C(n x 4) = (A0 + A1)'*B,
+    where A0 and A1 run along n. Each block computes w columns of ``block[1]`` vectors,
+    reads rows of w elements (beta*C) as columns (``unzip_rows``) and stores its columns
+    as rows (``zip_rows``): a tile transposed in registers, not the scalar code its
+    strided columns would otherwise need."""
+    sched, isa, dt, program = gen.s, gen.isa, gen.dt, gen.p
+    w = extent[u]
+    axis = gen.op.dims.index(v)
+    strides = (st.rs, st.cs)
+    if w < 2 or w & (w - 1) or w > isa.lanes(dt) or strides[1 - axis] != 1 \
+            or strides[axis] != w:
+        raise ScheduleError(f"vectorizing output dim {v!r} needs {op.out} contiguous along "
+                            f"it, or its rows of 2, 4, 8, ... elements one after another")
+    if sched.pairs or sched.block[0] != w:
+        raise ScheduleError(f"a tile transposed in registers takes all {w} columns of "
+                            f"{op.out} in each block")
+    vchunks = chunks(extent[v], isa.widths(dt))
+    for c in vchunks:
+        key = dt if c.width == isa.lanes(dt) else f"{dt}x{c.width}"
+        if c.width > 1 and ("zip_lo", key) not in isa.ops:
+            raise ScheduleError(f"target {isa.name} cannot interleave {c.width}-lane {dt} "
+                                "vectors")
+    gen.transposed = (u, w)
+    bv = sched.block[1]
+
+    def base(c: _Chunk) -> k.Expr:
+        return st.index(*(c.start_expr if a == axis else k.Const(0) for a in (0, 1)))
+
+    def row_read(n: ix.Node) -> bool:
+        """A read of an operand laid out like the output (C of beta*C): loaded by rows."""
+        if not isinstance(n, ix.Read) or v not in n.index or u not in n.index:
+            return False
+        rst, operand = gen.store[n.operand], program.operand(n.operand)
+        pos = n.index.index(v)
+        return ((rst.rs, rst.cs)[pos] == w and (rst.rs, rst.cs)[1 - pos] == 1
+                and (operand.rows, operand.cols)[1 - pos] == w)
+
+    def has_row_read(n: ix.Node) -> bool:
+        return row_read(n) or any(has_row_read(c) for c in ix.children(n))
+
+    def rows_of(n: ix.Node, group: list[_Chunk], body: list[k.Stmt]) -> list[list[k.Expr]]:
+        """Per chunk of ``group``, the value of ``n`` as the w vectors of its rows. The
+        element-wise part of the body is computed on rows: a sum (and any part with no
+        read laid out like the output) down the columns, then zipped into rows; a read
+        laid out like the output straight from memory (no Unzip)."""
+        if isinstance(n, ix.Lit) or (isinstance(n, ix.Read)
+                                     and gen.store[n.operand].scalar_var is not None):
+            value = gen.value(n, [{}], body)[0]
+            return [[value] * w for _ in group]
+        if isinstance(n, (ix.Add, ix.Mul, ix.Neg)) and has_row_read(n):
+            if isinstance(n, ix.Neg):
+                return [[gen.combine("-", k.Const(0.0, gen.dt), x) for x in rows]
+                        for rows in rows_of(n.x, group, body)]
+            op_ = "+" if isinstance(n, ix.Add) else "*"
+            return [[gen.combine(op_, x, y) for x, y in zip(ra, rb, strict=True)]
+                    for ra, rb in zip(rows_of(n.a, group, body), rows_of(n.b, group, body),
+                                      strict=True)]
+        if row_read(n):
+            rst = gen.store[n.operand]
+            pos = n.index.index(v)
+
+            def start(c: _Chunk) -> k.Expr:
+                return rst.index(*(c.start_expr if a == pos else k.Const(0) for a in (0, 1)))
+
+            return [[k.Load(rst.buf, simplify(start(c) + q), gen.dt) for q in range(w)]
+                    if c.width == 1 else
+                    [k.Load(rst.buf, simplify(start(c) + q * c.width), gen.dt, c.width,
+                            None if count == c.width else k.Const(count))
+                     if count else k.Broadcast(k.Const(0.0, gen.dt), c.width)
+                     for q, count in enumerate(_row_counts(c, w))] for c in group]
+        ctxs = [{u: k.Const(a), v: c} for c in group for a in range(w)]
+        values = gen.value(n, ctxs, body)
+        out = []
+        for i, c in enumerate(group):
+            vals = values[i * w:(i + 1) * w]
+            if c.width == 1:
+                out.append(vals)
+                continue
+            columns = [gen.named(gen.widen(x, c.width), body) for x in vals]
+            out.append(zip_rows(columns, lambda e: gen.named(e, body)))
+        return out
+
+    def group(chunk_group: list[_Chunk], body: list[k.Stmt]) -> None:
+        gen.columns = {}
+        for c, rows in zip(chunk_group, rows_of(op.body, chunk_group, body), strict=True):
+            if c.width == 1:
+                body += [k.Store(st.buf, simplify(base(c) + a), val)
+                         for a, val in enumerate(rows)]
+                continue
+            body += [k.Store(st.buf, simplify(base(c) + q * c.width), gen.widen(row, c.width),
+                             None if count == c.width else k.Const(count))
+                     for q, (row, count) in enumerate(zip(rows, _row_counts(c, w),
+                                                          strict=True)) if count]
+
+    lanes = vchunks[0].width
+    full = [c for c in vchunks if c.width == lanes and not c.masked]
+    looped = len(full) // bv if len(full) > max(bv, sched.unroll // lanes) else 0
+    stmts: list[k.Stmt] = []
+    tail: list[k.Stmt] = []
+    for c0 in range(looped * bv, len(vchunks), bv):
+        group(vchunks[c0:c0 + bv], tail)
+        tail.append(k.Barrier())
+    chains = sched.split * max(1, len(sums_of(op.body)))
+    spare = isa.registers - block_registers(w, bv, chains)
+    if looped:
+        var = k.Var(f"{gen.prefix}{v}")
+        inner: list[k.Stmt] = []
+        group([_Chunk(var + b * lanes, lanes, lanes) for b in range(bv)], inner)
+        hoisted = _hoist_broadcasts(gen, inner, var, spare, tail)
+        if hoisted is not None:
+            decls, inner, tail = hoisted
+            stmts += decls
+        stmts.append(k.For(var, k.Const(0), k.Const(looped * bv * lanes), bv * lanes,
+                           tuple(inner)))
+    stmts += tail
+    if _shared_fit(stmts, spare):
+        stmts = [s for s in stmts if not isinstance(s, k.Barrier)]
+    return _drop_unread(stmts)
+
+
+def _drop_unread(stmts: Sequence[k.Stmt]) -> list[k.Stmt]:
+    """``stmts`` without the declarations nothing reads (values of the transposes that
+    only lead to the rows past a masked leftover): expressions have no side effects."""
+    read: set[str] = set()
+    out: list[k.Stmt] = []
+    for s in reversed(stmts):
+        if isinstance(s, k.Decl) and s.var.name not in read:
+            continue
+        if isinstance(s, k.For):
+            s = replace(s, body=tuple(_drop_unread(s.body)))
+        read |= names_used(s)
+        out.append(s)
+    return out[::-1]
 
 
 def _set_inside(var: k.Var, body: Sequence[k.Stmt]) -> set[str]:
