@@ -151,10 +151,7 @@ def _expr_issue(e: k.Expr, acc: _Issue, isa: Isa, loop: str | None = None,
             acc.shuffles += 1.0
         _expr_issue(e.x, acc, isa, loop, joined)
     elif isinstance(e, (k.Zip, k.Unzip)):
-        # one two-source permute (vpermt2ps with AVX-512; unpcklps on 128 bits); a
-        # 256-bit one on AVX2 is two: within the 128-bit halves, then across them
-        wide = e.lanes * (4 if e.dtype == "f32" else 8) > 16 and not isa.mask_registers
-        acc.shuffles += 2.0 if wide else 1.0
+        acc.shuffles += _zip_shuffles(e, isa)
         _expr_issue(e.a, acc, isa, loop, joined)
         _expr_issue(e.b, acc, isa, loop, joined)
     elif isinstance(e, k.SumLanes):
@@ -169,6 +166,19 @@ def _expr_issue(e: k.Expr, acc: _Issue, isa: Isa, loop: str | None = None,
         # a shuffle and an add per halving; the shuffles mostly go to other pipes
         acc.fp += max(1, e.x.lanes.bit_length() - 1)
         _expr_issue(e.x, acc, isa, loop, joined)
+
+
+def _zip_shuffles(e: k.Zip | k.Unzip, isa: Isa) -> float:
+    """Shuffles charged for a ``Zip`` or ``Unzip``: an unpack on 128 bits, one
+    two-source permute on AVX-512 (vpermt2ps), an unpack within the halves and a permute
+    across them on AVX2's 256 bits. Charged 2, 1 and 3: of the charges tried, these
+    gave the best geomean in same-session A/B runs of the 119 LGen cases the transposes
+    touch, on a Xeon (benchmarks/lgen/README.md, "AVX-512"). Charged as one shuffle per
+    instruction, y = A*x with A 4 x 4 f64 took the transposes on AVX2 and ran 0.4x as
+    fast."""
+    if e.lanes * (4 if e.dtype == "f32" else 8) <= 16:
+        return 2.0
+    return 1.0 if isa.mask_registers else 3.0
 
 
 def _reduce_latency(e: k.Expr) -> int:
