@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from ..errors import ScheduleError
 from ..ir import indexed as ix
 from ..ir import kernel as k
+from ..ir.dtypes import itemsize
 from ..ir.walk import nodes_of
 from ..runtime.signature import ArgSpec
 from ..target.isa import Isa
@@ -177,7 +178,7 @@ def _zip_shuffles(e: k.Zip | k.Unzip, isa: Isa) -> float:
     touch, on a Xeon (benchmarks/lgen/README.md, "AVX-512"). Charged as one shuffle per
     instruction, y = A*x with A 4 x 4 f64 took the transposes on AVX2 and ran 0.4x as
     fast."""
-    if e.lanes * (4 if e.dtype == "f32" else 8) <= 16:
+    if e.lanes * itemsize(e.dtype) <= 16:
         return 2.0
     return 1.0 if isa.mask_registers else 3.0
 

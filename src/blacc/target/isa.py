@@ -110,8 +110,15 @@ class Isa:
                                     or (f"load_first{count}", f"{dtype}x{half}") in self.ops)
         return pieces if one else None
 
+    def _key(self, dtype: str, lanes: int | None) -> str:
+        return dtype if lanes is None or lanes == self.lanes(dtype) else f"{dtype}x{lanes}"
+
+    def has_op(self, name: str, dtype: str, lanes: int | None = None) -> bool:
+        """Whether ``op`` has a template for ``name`` on ``lanes`` lanes of ``dtype``."""
+        return (name, self._key(dtype, lanes)) in self.ops
+
     def op(self, name: str, dtype: str, lanes: int | None = None) -> str:
-        key = dtype if lanes is None or lanes == self.lanes(dtype) else f"{dtype}x{lanes}"
+        key = self._key(dtype, lanes)
         try:
             return self.ops[(name, key)]
         except KeyError:

@@ -246,21 +246,16 @@ class _Gen:
         other = 1 - pos
         operand = self.p.operand(r.operand)
         w = (operand.rows, operand.cols)[other]
-        key = self.dt if chunk.width == self.isa.lanes(self.dt) else f"{self.dt}x{chunk.width}"
         # (on the lanes of a sum, the transposes would only feed horizontal sums: x'*A*y
-        # with A 4 x 4 ran 0.3x as fast)
+        # with A 4 x 4 ran 0.24-0.34x as fast)
         if (self.s.vector not in self.op.dims or w not in SHORT_ROWS
                 or (st.rs, st.cs)[other] != 1
                 or (st.rs, st.cs)[pos] != w or not isinstance(idx[other], k.Const)
-                or ("unzip_even", key) not in self.isa.ops):
+                or not self.isa.has_op("unzip_even", self.dt, chunk.width)):
             return None
         cached = (r.operand, chunk, id(out))
         if cached not in self.columns:
-            base = st.index(*(chunk.start_expr if a == pos else k.Const(0) for a in (0, 1)))
-            rows = [k.Load(st.buf, simplify(base + q * chunk.width), self.dt, chunk.width,
-                           None if n == chunk.width else k.Const(n))
-                    if n > 0 else k.Broadcast(k.Const(0.0, self.dt), chunk.width)
-                    for q, n in enumerate(_row_counts(chunk, w))]
+            rows = _row_loads(st, pos, chunk, w, self.dt)
             # (the list is kept with its columns, so that its id is not reused)
             self.columns[cached] = (out, unzip_rows([self.named(x, out) for x in rows],
                                                     lambda e: self.named(e, out)))
@@ -620,6 +615,24 @@ def _row_counts(chunk: _Chunk, w: int) -> list[int]:
     return [max(0, min(chunk.width, chunk.count * w - q * chunk.width)) for q in range(w)]
 
 
+def _row_start(st: _Storage, pos: int, chunk: _Chunk) -> k.Expr:
+    """Where the ``chunk``'s first row starts, its index on axis ``pos`` of ``st``."""
+    return st.index(*(chunk.start_expr if a == pos else k.Const(0) for a in (0, 1)))
+
+
+def _row_loads(st: _Storage, pos: int, chunk: _Chunk, w: int, dtype: str) -> list[k.Expr]:
+    """The ``chunk``'s rows of w elements, one after another in ``st``: w vectors of its
+    width (the last ones partial or zero past a masked leftover), or w scalars for a
+    chunk one element wide."""
+    start = _row_start(st, pos, chunk)
+    if chunk.width == 1:
+        return [k.Load(st.buf, simplify(start + q), dtype) for q in range(w)]
+    return [k.Load(st.buf, simplify(start + q * chunk.width), dtype, chunk.width,
+                   None if n == chunk.width else k.Const(n))
+            if n else k.Broadcast(k.Const(0.0, dtype), chunk.width)
+            for q, n in enumerate(_row_counts(chunk, w))]
+
+
 def zip_rows(columns: Sequence[k.Expr], emit: Callable[[k.Expr], k.Expr]) -> list[k.Expr]:
     """The w (2, 4, 8, ...) ``columns`` of a tile, each a vector down the rows, as w
     vectors holding its rows one after another (row-major): log2(w) rounds of ``Zip``.
@@ -657,7 +670,7 @@ def _column_tiles(gen: _Gen, op: ix.Op, st: _Storage, v: str, u: str,
     strided columns would otherwise need."""
     sched, isa, dt, program = gen.s, gen.isa, gen.dt, gen.p
     w = extent[u]
-    axis = gen.op.dims.index(v)
+    axis = op.dims.index(v)
     strides = (st.rs, st.cs)
     if w not in SHORT_ROWS or w > isa.lanes(dt) or strides[1 - axis] != 1 \
             or strides[axis] != w:
@@ -669,14 +682,10 @@ def _column_tiles(gen: _Gen, op: ix.Op, st: _Storage, v: str, u: str,
                             f"{op.out} in each block")
     vchunks = chunks(extent[v], isa.widths(dt))
     for c in vchunks:
-        key = dt if c.width == isa.lanes(dt) else f"{dt}x{c.width}"
-        if c.width > 1 and ("zip_lo", key) not in isa.ops:
+        if c.width > 1 and not isa.has_op("zip_lo", dt, c.width):
             raise ScheduleError(f"target {isa.name} cannot interleave {c.width}-lane {dt} "
                                 "vectors")
     bv = sched.block[1]
-
-    def base(c: _Chunk) -> k.Expr:
-        return st.index(*(c.start_expr if a == axis else k.Const(0) for a in (0, 1)))
 
     def row_read(n: ix.Node) -> bool:
         """A read of an operand laid out like the output (C of beta*C): loaded by rows."""
@@ -708,18 +717,8 @@ def _column_tiles(gen: _Gen, op: ix.Op, st: _Storage, v: str, u: str,
                     for ra, rb in zip(rows_of(n.a, group, body), rows_of(n.b, group, body),
                                       strict=True)]
         if row_read(n):
-            rst = gen.store[n.operand]
             pos = n.index.index(v)
-
-            def start(c: _Chunk) -> k.Expr:
-                return rst.index(*(c.start_expr if a == pos else k.Const(0) for a in (0, 1)))
-
-            return [[k.Load(rst.buf, simplify(start(c) + q), gen.dt) for q in range(w)]
-                    if c.width == 1 else
-                    [k.Load(rst.buf, simplify(start(c) + q * c.width), gen.dt, c.width,
-                            None if count == c.width else k.Const(count))
-                     if count else k.Broadcast(k.Const(0.0, gen.dt), c.width)
-                     for q, count in enumerate(_row_counts(c, w))] for c in group]
+            return [_row_loads(gen.store[n.operand], pos, c, w, dt) for c in group]
         ctxs = [{u: k.Const(a), v: c} for c in group for a in range(w)]
         values = gen.value(n, ctxs, body)
         out = []
@@ -733,13 +732,13 @@ def _column_tiles(gen: _Gen, op: ix.Op, st: _Storage, v: str, u: str,
         return out
 
     def group(chunk_group: list[_Chunk], body: list[k.Stmt]) -> None:
-        gen.columns = {}
         for c, rows in zip(chunk_group, rows_of(op.body, chunk_group, body), strict=True):
+            start = _row_start(st, axis, c)
             if c.width == 1:
-                body += [k.Store(st.buf, simplify(base(c) + a), val)
+                body += [k.Store(st.buf, simplify(start + a), val)
                          for a, val in enumerate(rows)]
                 continue
-            body += [k.Store(st.buf, simplify(base(c) + q * c.width), gen.widen(row, c.width),
+            body += [k.Store(st.buf, simplify(start + q * c.width), gen.widen(row, c.width),
                              None if count == c.width else k.Const(count))
                      for q, (row, count) in enumerate(zip(rows, _row_counts(c, w),
                                                           strict=True)) if count]
