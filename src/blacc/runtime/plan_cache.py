@@ -85,17 +85,19 @@ def _decode(data: object) -> Choice | None:
         return None
     schedules = []
     for s in raw:
-        if not isinstance(s, dict) or set(s) != {"vector", "block", "unroll", "split", "pairs"}:
+        if not isinstance(s, dict) or set(s) != {"vector", "block", "unroll", "split", "pairs",
+                                                 "one_tail"}:
             return None
         block = s["block"]
         if not (s["vector"] is None or isinstance(s["vector"], str)):
             return None
         if not (isinstance(block, list) and len(block) == 2 and all(map(_is_int, block))):
             return None
-        if not (_is_int(s["unroll"]) and _is_int(s["split"]) and isinstance(s["pairs"], bool)):
+        if not (_is_int(s["unroll"]) and _is_int(s["split"])
+                and isinstance(s["pairs"], bool) and isinstance(s["one_tail"], bool)):
             return None
         schedules.append(OpSchedule(s["vector"], (block[0], block[1]), s["unroll"],
-                                    s["split"], s["pairs"]))
+                                    s["split"], s["pairs"], s["one_tail"]))
     return form, tuple(schedules)
 
 

@@ -1,0 +1,230 @@
+"""One masked tail (``OpSchedule.one_tail``): the last lanes of a vectorized output
+dimension in one masked vector (7 of 8 f64 lanes as one AVX-512 vector) instead of exact
+narrower vectors and a masked one (4 + 3 of 4); and equally fast blocks tried tallest
+first (``TALL_FIRST``).
+
+* ``chunks`` with and without the one tail cover every position once;
+* the tail is a candidate only with mask registers, where it differs, and not for an
+  output the program reads (each row's masked store would delay the next call's loads);
+* every one-tail candidate of several programs, over sizes 1-37, through the interpreter
+  on buffers with no slack (a read or write one element outside an operand raises);
+* compiled by gcc (``-std=c99 -Wall -Wextra -Werror``) and, on a CPU with AVX-512, run
+  with the LLVM JIT too on operands that touch guard pages;
+* the layouts it cannot take are refused, its choice survives the plan cache, and the
+  model takes it where it pays.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+
+import numpy as np
+import pytest
+
+import blacc
+from blacc.backend import jit
+from blacc.backend import llvm as llvm_backend
+from blacc.blacs import plan
+from blacc.errors import ScheduleError
+from blacc.ir import kernel as k
+from blacc.ir.walk import nodes_of
+from blacc.runtime import plan_cache
+from blacc.target.isa import AVX2, AVX512
+from blacc.transform.blac import (
+    BLOCKS,
+    TALL_FIRST,
+    OpSchedule,
+    build_module,
+    candidates,
+    chunks,
+)
+from guard import run_isolated
+from test_blac_columns import CC, NATIVE, _compiled
+from test_blac_pairs import _argtypes, _call_guarded
+from test_blac_programs import assert_matches, make_values, run_interp, seed_of
+
+M, S, V = blacc.Matrix, blacc.Scalar, blacc.Vector
+WIDTHS = [AVX512.widths("f32"), AVX512.widths("f64"), AVX2.widths("f32"),
+          AVX2.widths("f64")]
+
+
+# ----------------------------------------------------------------------------- chunks
+
+
+@pytest.mark.parametrize("widths", WIDTHS, ids=[str(w) for w in WIDTHS])
+def test_chunks_cover_every_position_once(widths):
+    for extent in range(1, 41):
+        for one_tail in (False, True):
+            pieces = chunks(extent, widths, one_tail)
+            starts = [c.start for c in pieces]
+            assert starts == list(np.cumsum([0] + [c.count for c in pieces[:-1]]))
+            assert sum(c.count for c in pieces) == extent
+            assert all(c.width in widths and 0 < c.count <= c.width for c in pieces)
+            if one_tail:  # full vectors, then at most one more
+                assert all(c.width == widths[0] and not c.masked for c in pieces[:-1])
+
+
+def test_chunks_one_tail_examples():
+    def shape(pieces):
+        return [(c.start, c.width, c.count) for c in pieces]
+
+    f64 = AVX512.widths("f64")  # (8, 4, 1)
+    assert shape(chunks(7, f64)) == [(0, 4, 4), (4, 4, 3)]
+    assert shape(chunks(7, f64, True)) == [(0, 8, 7)]
+    assert shape(chunks(19, f64, True)) == [(0, 8, 8), (8, 8, 8), (16, 4, 3)]
+    assert shape(chunks(16, f64, True)) == shape(chunks(16, f64))
+    assert shape(chunks(12, AVX512.widths("f32"), True)) == [(0, 16, 12)]
+
+
+def test_tall_first_orders_the_same_blocks():
+    assert sorted(TALL_FIRST) == sorted(BLOCKS)
+    for cols in {bv for _, bv in BLOCKS}:
+        rows = [bu for bu, bv in TALL_FIRST if bv == cols]
+        assert rows == sorted(rows, reverse=True)
+
+
+# ----------------------------------------------------------------------------- candidates
+
+
+def _plan(source: str, isa: str, **decls):
+    return plan(source, target=isa, **decls)
+
+
+def _tails(p, isa) -> list[OpSchedule]:
+    return [s for op in p.indexed.ops for s in candidates(p.indexed, op, isa)
+            if s.one_tail]
+
+
+def test_one_tail_candidates_only_where_they_apply():
+    seven = dict(A=M(7, 7, "f64"), B=M(7, 7, "f64"), C=M(7, 7, "f64"))
+    assert _tails(_plan("C = A*B", "avx512", **seven), AVX512)
+    assert not _tails(_plan("C = A*B", "avx2", **seven), AVX2)  # vmaskmov: slow
+    eight = dict(A=M(8, 8, "f64"), B=M(8, 8, "f64"), C=M(8, 8, "f64"))
+    assert not _tails(_plan("C = A*B", "avx512", **eight), AVX512)  # no tail
+    # 12 f32 lanes: 8 + 4 of 8, or 12 of 16; 6: 6 of 8 either way
+    twelve = dict(A=M(3, 3, "f32"), B=M(3, 12, "f32"), C=M(3, 12, "f32"))
+    assert _tails(_plan("C = A*B", "avx512", **twelve), AVX512)
+    six = dict(A=M(3, 3, "f32"), B=M(3, 6, "f32"), C=M(3, 6, "f32"))
+    assert not _tails(_plan("C = A*B", "avx512", **six), AVX512)
+    gemm = dict(A=M(7, 7, "f64"), B=M(7, 7, "f64"), C=M(7, 7, "f64"), alpha=S("f64"),
+                beta=S("f64"))
+    assert not _tails(_plan("C = alpha*A*B + beta*C", "avx512", **gemm), AVX512)
+
+
+def test_one_tail_refuses_layouts_it_cannot_take():
+    p = _plan("C = A'*B", "avx512", A=M(3, 9), B=M(3, 4), C=M(9, 4))
+    with pytest.raises(ScheduleError, match="one masked tail needs C contiguous"):
+        build_module(p.indexed, p.specs, (OpSchedule("i", (4, 1), one_tail=True),), AVX512,
+                     "x")
+    p = _plan("C = A*B", "avx512", A=M(6, 3), B=M(3, 4), C=M(6, 4))
+    with pytest.raises(ScheduleError, match="pairs have no tail"):
+        build_module(p.indexed, p.specs,
+                     (OpSchedule("j", (2, 1), pairs=True, one_tail=True),), AVX512, "x")
+
+
+#: name -> (source, declarations from (m, n, dtype)): outputs m x n written, not read.
+PROGRAMS = {
+    "matmul": ("C = A*B", lambda m, n, dt: dict(A=M(m, 5, dt), B=M(5, n, dt),
+                                                C=M(m, n, dt))),
+    "scaled_sum": ("C = alpha*A*B + D", lambda m, n, dt: dict(
+        A=M(m, 3, dt), B=M(3, n, dt), D=M(m, n, dt), C=M(m, n, dt), alpha=S(dt))),
+    "at_x": ("y = A'*x", lambda m, n, dt: dict(A=M(m, n, dt), x=V(m, dt), y=V(n, dt))),
+    "two_statements": ("T = A*B; C = T + 2*D", lambda m, n, dt: dict(
+        A=M(m, 4, dt), B=M(4, n, dt), D=M(m, n, dt), T=M(m, n, dt), C=M(m, n, dt))),
+}
+INTERP_CASES = [(name, m, n, dt) for name in PROGRAMS for dt in ("f32", "f64")
+                for m, n in ((1, 3), (3, 7), (5, 6), (2, 13), (4, 15), (7, 19), (3, 37),
+                             (9, 23))]
+
+
+@pytest.mark.parametrize(("name", "m", "n", "dtype"), INTERP_CASES,
+                         ids=[f"{a}-{d}-{m}x{n}" for a, m, n, d in INTERP_CASES])
+def test_every_one_tail_candidate_in_the_interpreter(name, m, n, dtype):
+    source, decls_of = PROGRAMS[name]
+    decls = decls_of(m, n, dtype)
+    p = _plan(source, "avx512", **decls)
+    values = make_values(decls, dtype, np.random.default_rng(seed_of("tail", name, m, n)))
+    built = 0
+    for i, op in enumerate(p.indexed.ops):
+        for sched in candidates(p.indexed, op, AVX512):
+            if not sched.one_tail:
+                continue
+            schedule = (*p.schedule[:i], sched, *p.schedule[i + 1:])
+            try:
+                module = build_module(p.indexed, p.specs, schedule, AVX512, "tail")
+            except ScheduleError:
+                continue
+            built += 1
+            got = run_interp(module, p.specs, p.typed, values, slack=0)
+            assert_matches(p.typed, values, got, f"{name} {m}x{n} {dtype} {schedule}")
+    widths = AVX512.widths(dtype)
+    assert built or chunks(n, widths, True) == chunks(n, widths), "no one-tail schedule"
+
+
+# ----------------------------------------------------------------------------- compiled
+
+COMPILED_CASES = [("matmul", 7, 7, "f64"), ("matmul", 10, 10, "f32"),
+                  ("scaled_sum", 5, 13, "f64"), ("at_x", 9, 27, "f32")]
+
+
+@pytest.mark.skipif(CC is None, reason="needs a C compiler")
+@pytest.mark.parametrize(("name", "m", "n", "dtype"), COMPILED_CASES,
+                         ids=[f"{a}-{d}-{m}x{n}" for a, m, n, d in COMPILED_CASES])
+def test_one_tail_compiled_against_guard_pages(tmp_path, name, m, n, dtype):
+    """The first and last one-tail candidate, compiled by gcc (always) and run with it
+    and the LLVM JIT where the CPU has AVX-512, on operands that touch guard pages."""
+    source, decls_of = PROGRAMS[name]
+    decls = decls_of(m, n, dtype)
+    p = _plan(source, "avx512", **decls)
+    modules = []
+    for sched in candidates(p.indexed, p.indexed.ops[-1], AVX512):
+        if sched.one_tail:
+            try:
+                modules.append((sched, build_module(p.indexed, p.specs,
+                                                    (*p.schedule[:-1], sched), AVX512, "tk")))
+            except ScheduleError:
+                continue
+    assert modules
+    fns = []
+    for i, (sched, module) in enumerate(dict.fromkeys((modules[0], modules[-1]))):
+        assert any(x.count is not None for x in nodes_of(module, (k.Load, k.Store)))
+        fn = _compiled(module, AVX512, tmp_path / f"tk{i}")
+        if not NATIVE["avx512"]:
+            continue
+        fns.append((sched, "c", fn))
+        lib = jit.JitLibrary(jit.emit_object(llvm_backend.render(module, AVX512)))
+        jfn = ctypes.CFUNCTYPE(ctypes.c_int, *_argtypes(module))(lib.address("tk"))
+        jfn._lib = lib
+        fns.append((sched, "llvm", jfn))
+    if not NATIVE["avx512"]:
+        pytest.skip("compiled only: this CPU cannot run AVX-512")
+    values = make_values(decls, dtype, np.random.default_rng(seed_of("tg", name, m, n)))
+
+    def body() -> None:
+        for sched, backend, fn in fns:
+            for side in ("after", "before"):
+                got = _call_guarded(fn, p, values, side)
+                assert_matches(p.typed, values, got,
+                               f"{name} {m}x{n} {dtype} {backend} {side} {sched}")
+
+    run_isolated(body)
+
+
+# ----------------------------------------------------------------------------- choice
+
+
+def test_plan_cache_keeps_the_one_tail():
+    choice = (0, (OpSchedule("j", (7, 1), one_tail=True), OpSchedule("i", (2, 1))))
+    assert plan_cache._decode(json.loads(plan_cache._encode(choice))) == choice
+    old = json.loads(plan_cache._encode(choice))
+    del old["schedules"][0]["one_tail"]  # an entry from before the field: planned again
+    assert plan_cache._decode(old) is None
+
+
+def test_the_model_takes_one_tail_and_all_rows():
+    """C = A*B, 7 x 7 x 7 f64 on AVX-512: one masked vector per row, all 7 rows in one
+    block (each row of B loaded once), as LIBXSMM does."""
+    decls = dict(A=M(7, 7, "f64"), B=M(7, 7, "f64"), C=M(7, 7, "f64"))
+    p = _plan("C = A*B", "avx512", **decls)
+    assert p.schedule[0].one_tail and p.schedule[0].block == (7, 1), p.schedule
