@@ -45,8 +45,7 @@ from blacc.transform.blac import (
     unzip_rows,
     zip_rows,
 )
-from guard import run_isolated
-from test_blac_pairs import _argtypes, _call_guarded
+from test_blac_pairs import _argtypes, _llvm_function, check_guarded
 from test_blac_programs import NP, assert_matches, make_values, run_interp, seed_of
 
 M, S, V = blacc.Matrix, blacc.Scalar, blacc.Vector
@@ -314,20 +313,8 @@ def test_column_tiles_compiled_against_guard_pages(tmp_path, name, n, w, dtype, 
         module = build_module(p.indexed, p.specs, schedule, ISAS[isa], "ck")
         fns.append((schedule, "c", _compiled(module, ISAS[isa], tmp_path / f"ck{m}")))
         if not any(isinstance(x, k.Local) for x in module.function("ck").body):
-            text = llvm_backend.render(module, ISAS[isa])
-            lib = jit.JitLibrary(jit.emit_object(text))
-            fn = ctypes.CFUNCTYPE(ctypes.c_int, *_argtypes(module))(lib.address("ck"))
-            fn._lib = lib
-            fns.append((schedule, "llvm", fn))
-
-    def body() -> None:
-        for schedule, backend, fn in fns:
-            for side in ("after", "before"):
-                got = _call_guarded(fn, p, values, side)
-                assert_matches(p.typed, values, got,
-                               f"{name} {n}x{w} {dtype} {isa} {backend} {side} {schedule}")
-
-    run_isolated(body)
+            fns.append((schedule, "llvm", _llvm_function(module, ISAS[isa])))
+    check_guarded(fns, p, values, f"{name} {n}x{w} {dtype} {isa}")
 
 
 def _compiled(module: k.Module, isa, stem: Path):

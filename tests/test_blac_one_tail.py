@@ -16,15 +16,12 @@ first (``TALL_FIRST``).
 
 from __future__ import annotations
 
-import ctypes
 import json
 
 import numpy as np
 import pytest
 
 import blacc
-from blacc.backend import jit
-from blacc.backend import llvm as llvm_backend
 from blacc.blacs import plan
 from blacc.errors import ScheduleError
 from blacc.ir import kernel as k
@@ -39,9 +36,8 @@ from blacc.transform.blac import (
     candidates,
     chunks,
 )
-from guard import run_isolated
 from test_blac_columns import CC, NATIVE, _compiled
-from test_blac_pairs import _argtypes, _call_guarded
+from test_blac_pairs import _llvm_function, check_guarded
 from test_blac_programs import assert_matches, make_values, run_interp, seed_of
 
 M, S, V = blacc.Matrix, blacc.Scalar, blacc.Vector
@@ -193,22 +189,11 @@ def test_one_tail_compiled_against_guard_pages(tmp_path, name, m, n, dtype):
         if not NATIVE["avx512"]:
             continue
         fns.append((sched, "c", fn))
-        lib = jit.JitLibrary(jit.emit_object(llvm_backend.render(module, AVX512)))
-        jfn = ctypes.CFUNCTYPE(ctypes.c_int, *_argtypes(module))(lib.address("tk"))
-        jfn._lib = lib
-        fns.append((sched, "llvm", jfn))
+        fns.append((sched, "llvm", _llvm_function(module, AVX512)))
     if not NATIVE["avx512"]:
         pytest.skip("compiled only: this CPU cannot run AVX-512")
     values = make_values(decls, dtype, np.random.default_rng(seed_of("tg", name, m, n)))
-
-    def body() -> None:
-        for sched, backend, fn in fns:
-            for side in ("after", "before"):
-                got = _call_guarded(fn, p, values, side)
-                assert_matches(p.typed, values, got,
-                               f"{name} {m}x{n} {dtype} {backend} {side} {sched}")
-
-    run_isolated(body)
+    check_guarded(fns, p, values, f"{name} {m}x{n} {dtype}")
 
 
 # ----------------------------------------------------------------------------- choice

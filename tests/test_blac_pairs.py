@@ -299,8 +299,8 @@ def _argtypes(module: k.Module) -> list:
             for q in module.function(module.entry).params]
 
 
-def _llvm_function(module: k.Module):
-    lib = jit.JitLibrary(jit.emit_object(llvm_backend.render(module, AVX2)))
+def _llvm_function(module: k.Module, isa=AVX2):
+    lib = jit.JitLibrary(jit.emit_object(llvm_backend.render(module, isa)))
     fn = ctypes.CFUNCTYPE(ctypes.c_int, *_argtypes(module))(lib.address(module.entry))
     fn._lib = lib  # keep the code alive as long as the function
     return fn
@@ -363,12 +363,19 @@ def test_pair_kernels_compiled_against_guard_pages(tmp_path, name, m, kk, dtype)
             # products use, and no horizontal sums)
             fns.append((schedule, "llvm", _llvm_function(module)))
 
+    check_guarded(fns, p, values, f"{name} {m}x{kk} {dtype}")
+
+
+def check_guarded(fns: list, p, values: dict, context: str) -> None:
+    """Call each (schedule, backend, function) of ``fns`` on operands against a guard page
+    after them and before them, in a child process, and check the results."""
+
     def body() -> None:
         for schedule, backend, fn in fns:
             for side in ("after", "before"):
                 got = _call_guarded(fn, p, values, side)
                 assert_matches(p.typed, values, got,
-                               f"{name} {m}x{kk} {dtype} {backend} {side} {schedule}")
+                               f"{context} {backend} {side} {schedule}")
 
     run_isolated(body)
 
