@@ -207,9 +207,10 @@ def test_plan_cache_keeps_the_one_tail():
     assert plan_cache._decode(old) is None
 
 
-def test_the_model_takes_one_tail_and_all_rows():
-    """C = A*B, 7 x 7 x 7 f64 on AVX-512: one masked vector per row, all 7 rows in one
-    block (each row of B loaded once), as LIBXSMM does."""
-    decls = dict(A=M(7, 7, "f64"), B=M(7, 7, "f64"), C=M(7, 7, "f64"))
+@pytest.mark.parametrize(("n", "dtype"), [(7, "f64"), (10, "f32")])
+def test_the_model_takes_one_tail_and_all_rows(n, dtype):
+    """C = A*B, n x n x n on AVX-512: one masked vector per row, all n rows in one block
+    (each row of B loaded once), as LIBXSMM does."""
+    decls = dict(A=M(n, n, dtype), B=M(n, n, dtype), C=M(n, n, dtype))
     p = _plan("C = A*B", "avx512", **decls)
-    assert p.schedule[0].one_tail and p.schedule[0].block == (7, 1), p.schedule
+    assert p.schedule[0].one_tail and p.schedule[0].block == (n, 1), p.schedule

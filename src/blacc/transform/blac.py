@@ -984,8 +984,10 @@ def _row_blocks(extent: int, bu: int, unroll: int, var: k.Var,
 
 
 #: Register blocks tried: rows x vector chunks (or x output columns for scalar outputs).
-BLOCKS = ((1, 1), (2, 1), (3, 1), (4, 1), (6, 1), (8, 1), (1, 2), (2, 2), (3, 2), (4, 2),
-          (6, 2), (1, 3), (2, 3), (3, 3), (4, 3), (1, 4), (2, 4))
+#: Blocks of 12 and 16 rows fit 32 registers (AVX-512): C = A*B 10 x 10 x 10 f32 in one
+#: block of 10 rows ran 1.13x as fast as in blocks of 8 and 2.
+BLOCKS = ((1, 1), (2, 1), (3, 1), (4, 1), (6, 1), (8, 1), (12, 1), (16, 1), (1, 2), (2, 2),
+          (3, 2), (4, 2), (6, 2), (1, 3), (2, 3), (3, 3), (4, 3), (1, 4), (2, 4))
 #: The same, tallest first for each number of chunks: with the lanes along an output
 #: dimension, the model's equally fast blocks differ in how often B's vectors are loaded
 #: again, once per block of rows, which it does not see as a bound; the first of equals
