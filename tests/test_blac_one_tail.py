@@ -73,11 +73,17 @@ def test_chunks_one_tail_examples():
     assert shape(chunks(12, AVX512.widths("f32"), True)) == [(0, 16, 12)]
 
 
-def test_tall_first_orders_the_same_blocks():
+def test_candidates_try_the_tallest_blocks_first():
+    """With the lanes along an output dimension the blocks come tallest first for each
+    number of chunks (the first of equally modelled ones is kept); with the lanes on a
+    sum they keep the order of ``BLOCKS``."""
     assert sorted(TALL_FIRST) == sorted(BLOCKS)
-    for cols in {bv for _, bv in BLOCKS}:
-        rows = [bu for bu, bv in TALL_FIRST if bv == cols]
-        assert rows == sorted(rows, reverse=True)
+    p = _plan("C = A*B", "avx512", A=M(40, 40), B=M(40, 40), C=M(40, 40))
+    op = p.indexed.ops[0]
+    for vector, order in (("j", TALL_FIRST), ("k1", BLOCKS)):
+        got = [s.block for s in candidates(p.indexed, op, AVX512)
+               if s.vector == vector and s.split == 1 and not s.pairs and not s.one_tail]
+        assert got[:len(order)] == list(order), (vector, got)
 
 
 # ----------------------------------------------------------------------------- candidates
