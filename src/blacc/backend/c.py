@@ -88,7 +88,7 @@ class _Renderer:
             return self.isa.op("hsum", e.dtype, e.x.lanes).format(x=self.expr(e.x))
         if isinstance(e, k.SumLanes):
             xs = {f"x{i}": self.expr(x) for i, x in enumerate(e.xs)}
-            name = "sum_lanes" if e.rows_per_vector == 1 else "sum_halves"
+            name = {1: "sum_lanes", 2: "sum_halves"}.get(e.rows_per_vector, "sum_quarters")
             return self.isa.op(name, e.dtype, e.lanes).format(**xs)
         if isinstance(e, (k.Halves, k.HalfSplat, k.Half)):
             return self.halves(e)
@@ -135,6 +135,10 @@ class _Renderer:
                 # one load duplicated into both halves (vbroadcastf128)
                 addr = self.addr(lo.buf, lo.index)
                 return self.isa.op("dup_load", e.dtype, e.lanes).format(addr=addr)
+            quarter = k.quartered_load(e)
+            if quarter is not None:  # one load in all four quarters (vbroadcastf32x4)
+                addr = self.addr(quarter.buf, quarter.index)
+                return self.isa.op("quad_load", e.dtype, e.lanes).format(addr=addr)
             return self.isa.op("halves", e.dtype, e.lanes).format(lo=self.expr(lo),
                                                                   hi=self.expr(e.hi))
         if isinstance(e, k.HalfSplat):

@@ -166,6 +166,21 @@ class Halves(Expr):
         return 2 * self.lo.lanes
 
 
+def quartered(x: Expr) -> Halves:
+    """``x`` in all four quarters of a vector four times as wide: a row of x used by four
+    rows held in one register (``OpSchedule.quads``)."""
+    twice = Halves(x, x)
+    return Halves(twice, twice)
+
+
+def quartered_load(e: Expr) -> Load | None:
+    """The whole load that ``e`` repeats in its four quarters (``quartered``), or None."""
+    if (isinstance(e, Halves) and e.lo == e.hi and isinstance(e.lo, Halves)
+            and e.lo.lo == e.lo.hi and isinstance(e.lo.lo, Load) and e.lo.lo.count is None):
+        return e.lo.lo
+    return None
+
+
 @dataclass(frozen=True, eq=True)
 class HalfSplat(Expr):
     """Lane ``lane`` of each half of ``x`` copied into every lane of that half: with
@@ -350,10 +365,10 @@ class Reduce(Expr):
 @dataclass(frozen=True, eq=True)
 class SumLanes(Expr):
     """Lane j is the sum of row j, where ``xs`` hold as many rows as they have lanes, in
-    order: one row per vector (n vectors of n lanes), or two, one in each half (n/2
-    vectors: rows half a vector long, held in pairs). The horizontal sums of the rows,
-    transposed into one vector: rows of a matrix-vector product stored at once, not one
-    scalar at a time.
+    order: one row per vector (n vectors of n lanes), two, one in each half (n/2
+    vectors: rows half a vector long, held in pairs), or four, one in each quarter (n/4
+    vectors). The horizontal sums of the rows, transposed into one vector: rows of a
+    matrix-vector product stored at once, not one scalar at a time.
 
         SumLanes((acc0, acc1, acc2, acc3))  ->  [hsum(acc0), hsum(acc1), hsum(acc2), hsum(acc3)]
         SumLanes((p0, p1)), 4 lanes each    ->  [hsum(lo(p0)), hsum(hi(p0)), hsum(lo(p1)), ...]
@@ -363,10 +378,10 @@ class SumLanes(Expr):
 
     def __post_init__(self) -> None:
         n = self.xs[0].lanes if self.xs else 0
-        if (len(self.xs) < 2 or n & (n - 1) or len(self.xs) not in (n, n // 2)
+        if (len(self.xs) < 2 or n & (n - 1) or len(self.xs) not in (n, n // 2, n // 4)
                 or any(x.lanes != n or x.dtype != self.xs[0].dtype for x in self.xs)):
-            raise ValueError(f"SumLanes takes n or n/2 vectors of n lanes of one type (n = 2, "
-                             f"4, 8, ...; at least two vectors), got "
+            raise ValueError(f"SumLanes takes n, n/2 or n/4 vectors of n lanes of one type "
+                             f"(n = 2, 4, 8, ...; at least two vectors), got "
                              f"{[(x.lanes, x.dtype) for x in self.xs]}")
 
     @property

@@ -32,7 +32,7 @@ def expr(e: k.Expr) -> str:
     if isinstance(e, k.Reduce):
         return f"hsum({expr(e.x)})"
     if isinstance(e, k.SumLanes):
-        name = "sumlanes" if e.rows_per_vector == 1 else "sumhalves"
+        name = {1: "sumlanes", 2: "sumhalves"}.get(e.rows_per_vector, "sumquarters")
         return f"{name}({', '.join(expr(x) for x in e.xs)})"
     if isinstance(e, k.Halves):
         if e.lo == e.hi:

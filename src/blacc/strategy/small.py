@@ -134,6 +134,9 @@ def _expr_issue(e: k.Expr, acc: _Issue, isa: Isa, loop: str | None = None,
             # one load duplicated into both halves (vbroadcastf128): a load, no FP slot
             _expr_issue(lo, acc, isa, loop, joined)
             return
+        if (quarter := k.quartered_load(e)) is not None:  # the same in four quarters
+            _expr_issue(quarter, acc, isa, loop, joined)
+            return
         # joining two halves takes a shuffle (vinsertf128, its load folded)
         acc.shuffles += 1.0
         _expr_issue(lo, acc, isa, loop, joined)
@@ -158,10 +161,10 @@ def _expr_issue(e: k.Expr, acc: _Issue, isa: Isa, loop: str | None = None,
         _expr_issue(e.b, acc, isa, loop, joined)
     elif isinstance(e, k.SumLanes):
         # n vectors transposed and added: n - 1 adds and two shuffles per add; rows held
-        # two per vector end in one permute more
+        # two or four per vector end in one permute more
         n = len(e.xs)
         acc.fp += n - 1
-        acc.shuffles += 2 * (n - 1) + e.rows_per_vector - 1
+        acc.shuffles += 2 * (n - 1) + (e.rows_per_vector > 1)
         for x in e.xs:
             _expr_issue(x, acc, isa, loop, joined)
     elif isinstance(e, k.Reduce):
@@ -328,8 +331,9 @@ def _registers(op: ix.Op, sched: OpSchedule) -> int:
     """Vector registers a block keeps live (``block_registers``), with an accumulator per
     partial chain and per reduction nested in the body."""
     bu, bv = sched.block
-    if sched.pairs:  # two rows per accumulator, a row of B shared by them
-        return -(-bu // 2) * bv * sched.split * max(1, len(sums_of(op.body))) + bv + 1
+    if sched.pairs or sched.quads:  # two or four rows per accumulator, a row of B shared
+        per = sched.rows_per_vector
+        return -(-bu // per) * bv * sched.split * max(1, len(sums_of(op.body))) + bv + 1
     return block_registers(bu, bv, sched.split * max(1, len(sums_of(op.body))))
 
 

@@ -353,6 +353,10 @@ def _avx512_ops() -> dict[tuple[str, str], str]:
         ("sum_lanes", "f32x8"): ("blacc_sum8x8_ps({x0}, {x1}, {x2}, {x3}, {x4}, {x5}, {x6}, "
                                  "{x7})"),
         ("sum_lanes", "f64x4"): "blacc_sum4x4_pd({x0}, {x1}, {x2}, {x3})",
+        # rows of 4 f32 held four per vector (``OpSchedule.quads``): a row of x in every
+        # 128-bit quarter, and sixteen rows summed from four vectors at once
+        ("quad_load", "f32"): "_mm512_broadcast_f32x4(_mm_loadu_ps({addr}))",
+        ("sum_quarters", "f32"): "blacc_sum16x4_ps({x0}, {x1}, {x2}, {x3})",
     })
     return ops
 
@@ -361,6 +365,16 @@ _AVX512_PRELUDE = {
     **_AVX2_PRELUDE,
     "blacc_first_lanes": """static inline unsigned blacc_first_lanes(long count, int lanes) {
     return count <= 0 ? 0u : count >= lanes ? (1u << lanes) - 1u : (1u << count) - 1u;
+}""",
+    # quarter q of a (b, c, d) holds row q (4 + q, ...): transposed and added within the
+    # quarters, lane 4q + r holds row 4r + q; one permute puts row j in lane j
+    "blacc_sum16x4_ps": """static inline __m512 blacc_sum16x4_ps(__m512 a, __m512 b, __m512 c,
+                                      __m512 d) {
+    __m512 ab = _mm512_add_ps(_mm512_unpacklo_ps(a, b), _mm512_unpackhi_ps(a, b));
+    __m512 cd = _mm512_add_ps(_mm512_unpacklo_ps(c, d), _mm512_unpackhi_ps(c, d));
+    __m512 s = _mm512_add_ps(_mm512_shuffle_ps(ab, cd, 0x44), _mm512_shuffle_ps(ab, cd, 0xEE));
+    return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14,
+                                                   3, 7, 11, 15), s);
 }""",
 }
 

@@ -35,7 +35,10 @@ within their halves from one load of the two rows — half the FMAs of one row p
 vector, and two rows are one 256-bit access only where they are contiguous in memory
 (else two 128-bit halves). A sum on lanes over exactly half a vector pairs rows the
 same way (``y = A*x``, A n x 4 f32: rows i and i+1 of A in one 256-bit load, x in both
-halves); the rows' horizontal sums then come out of one transpose per eight rows.
+halves); the rows' horizontal sums then come out of one transpose per eight rows. A
+sum over a quarter of a vector holds four rows per vector (``OpSchedule.quads``: A n x 4
+f32 on AVX-512, four rows in one 512-bit load, x in every quarter), sixteen rows summed
+and stored at once and fewer, a multiple of four, in one masked store.
 
     y[i] = sum_k A[i,k] x[k]   (5x9 f64, vector k, block 4)
       ->  acc_0..3 = 0; for k in (0, 4, 8): acc_r = fma(load4(A[r*9+k], count), load4(x[k]), acc_r)
@@ -80,6 +83,14 @@ class OpSchedule:
     #: narrowest that holds them (7 of 8 f64 lanes as one AVX-512 vector), instead of
     #: exact narrower vectors and a masked one for the rest (4 + 3 of 4) (``chunks``).
     one_tail: bool = False
+    #: Four rows per full vector, one in each quarter, where the sums on lanes are a
+    #: quarter of a vector long (rows of 4 f32 on AVX-512): as many rows at once as a
+    #: vector has lanes, their sums stored as one vector; other rows one at a time.
+    quads: bool = False
+
+    @property
+    def rows_per_vector(self) -> int:
+        return 4 if self.quads else 2 if self.pairs else 1
 
 
 @dataclass(frozen=True)
@@ -102,10 +113,12 @@ class _Chunk:
 
 @dataclass(frozen=True)
 class _Pair:
-    """Two consecutive positions of an output dimension, ``start`` and ``start + 1``, in
-    the low and high halves of each vector (see ``OpSchedule.pairs``)."""
+    """Consecutive positions of an output dimension from ``start``, two in the low and
+    high halves of each vector (``OpSchedule.pairs``) or four in its quarters
+    (``OpSchedule.quads``)."""
 
     start: k.Expr
+    rows: int = 2
 
 
 def chunks(extent: int, widths: tuple[int, ...], one_tail: bool = False) -> list[_Chunk]:
@@ -204,8 +217,8 @@ class _Gen:
 
     def lanes_of(self, ctx: dict) -> int:
         chunk = next((v for v in ctx.values() if isinstance(v, _Chunk)), None)
-        paired = any(isinstance(v, _Pair) for v in ctx.values())
-        return (2 if paired else 1) * chunk.width if chunk else 1
+        pair = next((v for v in ctx.values() if isinstance(v, _Pair)), None)
+        return (pair.rows if pair else 1) * chunk.width if chunk else 1
 
     def named(self, e: k.Expr, out: list[k.Stmt]) -> k.Var:
         var = self.fresh("t", e.lanes)
@@ -226,11 +239,11 @@ class _Gen:
             elif isinstance(v, _Pair):
                 if pair is not None:
                     raise ScheduleError(f"{r.operand} is indexed twice by the paired rows")
-                pair = axis
+                pair, nrows = axis, v.rows
                 v = v.start
             idx.append(v)
         if pair is not None:
-            return self.read_pair(r, st, idx, pair, chunk, pos)
+            return self.read_pair(r, st, idx, pair, chunk, pos, nrows)
         index = st.index(idx[0], idx[1])
         if chunk is None or chunk.width == 1:  # one element, at any stride
             return k.Load(st.buf, index, self.dt)
@@ -269,13 +282,14 @@ class _Gen:
         return self.columns[cached][1][int(idx[other].value)]
 
     def read_pair(self, r: ix.Read, st: _Storage, idx: list[k.Expr], axis: int,
-                  chunk: _Chunk | None, pos: int | None) -> k.Expr:
+                  chunk: _Chunk | None, pos: int | None, nrows: int = 2) -> k.Expr:
         """A leaf read at two positions of the paired index (its ``axis``), one per half
         of the vector. Two rows of a chunk are one load where they are contiguous, else
         two half loads; one element per row is splatted within its half from a load of
         the rows' aligned group of half-vector width when that lies inside the operand
         (the same load serves the group's other elements), else broadcast from two
-        scalar loads."""
+        scalar loads. Four rows (``nrows``, ``OpSchedule.quads``) are read only as one
+        load of contiguous rows of a chunk."""
         strides = (st.rs, st.cs)
 
         def at(row: int, other: k.Expr | None = None) -> k.Expr:
@@ -295,9 +309,17 @@ class _Gen:
             if strides[pos] != 1:
                 raise ScheduleError(f"vectorizing {self.s.vector!r} needs unit stride in "
                                     f"{r.operand}")
-            if chunk.masked or chunk.width * 2 != self.isa.lanes(self.dt):
-                raise ScheduleError("paired rows need a chunk of exactly half a vector")
+            if chunk.masked or chunk.width * nrows != self.isa.lanes(self.dt):
+                raise ScheduleError(f"{nrows} rows per vector need a chunk of exactly "
+                                    f"1/{nrows} of a vector")
+            if nrows == 4:
+                if strides[axis] != chunk.width:
+                    raise ScheduleError(f"four rows per vector need the rows of "
+                                        f"{r.operand} one after another")
+                return k.Load(st.buf, at(0), self.dt, 4 * chunk.width)
             return two_rows(chunk.width)
+        if nrows == 4:
+            raise ScheduleError(f"four rows per vector read {r.operand} only along the sum")
         half = self.isa.lanes(self.dt) // 2
         e, other = idx[1 - axis], 1 - axis
         operand = self.p.operand(r.operand)
@@ -334,12 +356,19 @@ class _Gen:
             return e
         if e.lanes > 1 and 2 * e.lanes == lanes:  # a row of one half, for both paired rows
             return k.Halves(e, e)
+        if e.lanes > 1 and 4 * e.lanes == lanes:  # a row of one quarter, for four rows
+            return k.quartered(e)
         return k.Broadcast(e, lanes)
 
     def reduce(self, node: ix.Sum, ctxs: list[dict], out: list[k.Stmt]) -> list[k.Expr]:
         vectorized = node.index == self.s.vector
         pieces = (chunks(node.extent, self.isa.widths(self.dt)) if vectorized
                   else [_Chunk(i, 1, 1) for i in range(node.extent)])
+        # positions computed together: one each, or two or four in one vector
+        units = (self.paired(ctxs) if vectorized and (self.s.pairs or self.s.quads)
+                 else [(c, (p,)) for p, c in enumerate(ctxs)])
+        if units and len(units[0][1]) == 4:  # the whole sum in one quarter of a vector
+            pieces = [_Chunk(0, node.extent, node.extent)]
         narrow = min((w for w in self.isa.widths(self.dt) if w > 1), default=1)
         if (vectorized and pieces[-1].width == 1
                 and any(c.width == narrow for c in pieces)):
@@ -351,9 +380,6 @@ class _Gen:
         if vectorized and not _zero_padded(node.body, node.index):
             raise ScheduleError(f"sum over {node.index!r} cannot run on lanes: a term does "
                                 "not vanish on masked lanes")
-        # positions computed together: one each, or two in the halves of one vector
-        units = (self.paired(ctxs) if vectorized and self.s.pairs
-                 else [(c, (p,)) for p, c in enumerate(ctxs)])
         results: list[k.Expr] = [k.Const(0.0, self.dt)] * len(ctxs)
         # one accumulator set per vector width used (full vectors, then the leftover)
         by_width: dict[int, list[_Chunk]] = {}
@@ -371,7 +397,9 @@ class _Gen:
                                else partial[i] for i in range(0, len(partial), 2)]
                 acc = partial[0]
                 for h, p in enumerate(positions):
-                    part = k.Half(acc, h) if len(positions) == 2 else acc
+                    part = (k.Half(acc, h) if len(positions) == 2
+                            else k.Half(k.Half(acc, h // 2), h % 2) if len(positions) == 4
+                            else acc)
                     total = k.Reduce(part) if vectorized and width > 1 else part
                     results[p] = self.combine("+", results[p], total)
         return results
@@ -380,7 +408,11 @@ class _Gen:
         """``ctxs`` of a sum on lanes as (context, positions) units: two positions next to
         each other along an output dimension share one, their rows of the sum in the two
         halves of full vectors (``OpSchedule.pairs``; ``_check_sum_pairs`` has made sure
-        the sum is half a vector long); a position left over keeps its own."""
+        the sum is half a vector long); a position left over keeps its own. With
+        ``OpSchedule.quads``, four share one, in runs of as many rows as a vector has
+        lanes: those rows' sums are then one vector (``SumLanes``), never a row alone."""
+        if self.s.quads:
+            return self.quartered(ctxs)
         units: list[tuple[dict, tuple[int, ...]]] = []
         taken: set[int] = set()
         for p, c in enumerate(ctxs):
@@ -395,6 +427,24 @@ class _Gen:
             else:
                 units.append((c, (p,)))
         return units
+
+    def quartered(self, ctxs: list[dict]) -> list[tuple[dict, tuple[int, ...]]]:
+        """Units of four positions for ``OpSchedule.quads`` where ``ctxs`` are positions
+        one after another along the output's contiguous dimension, as many as a vector
+        has lanes (their sums one vector) or, with mask registers, a multiple of four
+        (the last ones one masked vector); else every position one each."""
+        lanes = self.isa.lanes(self.dt)
+        st, out = self.store[self.op.out], self.p.operand(self.op.out)
+        dim = (self.op.dims[0] if st.rs == 1 and out.rows > 1
+               else self.op.dims[1] if st.cs == 1 and out.cols > 1 else None)
+        singles = [(c, (p,)) for p, c in enumerate(ctxs)]
+        whole = len(ctxs) % (4 if self.isa.mask_registers else lanes) == 0
+        if dim is None or not whole or any(
+                _next_along(ctxs[p], ctxs[p + 1], self.op.dims) != dim
+                for p in range(len(ctxs) - 1)):
+            return singles
+        return [({**ctxs[p], dim: _Pair(ctxs[p][dim], 4)}, (p, p + 1, p + 2, p + 3))
+                for p in range(0, len(ctxs), 4)]
 
     def step(self, node: ix.Sum, ctxs: list[dict], value: k.Expr | _Chunk,
              accs: list[k.Var], body: list[k.Stmt], first: bool = False) -> None:
@@ -526,6 +576,8 @@ def lower_op(program: ix.Program, op: ix.Op, sched: OpSchedule, isa: Isa,
             return _column_tiles(gen, op, st, v, u, extent)
         vchunks = chunks(extent[v], isa.widths(program.dtype), sched.one_tail)
         bu, bv = sched.block
+        if sched.quads:
+            raise ScheduleError("four rows per vector are only for sums on lanes")
         if sched.pairs:
             if sched.one_tail:
                 raise ScheduleError("rows held in pairs have no tail to mask")
@@ -598,8 +650,12 @@ def lower_op(program: ix.Program, op: ix.Op, sched: OpSchedule, isa: Isa,
                 if isinstance(s, k.For) and s.var == row
                 else s for s in stmts]
     # scalar outputs per position (the lanes, if any, run along a reduction)
+    if sched.pairs and sched.quads:
+        raise ScheduleError("rows are held in pairs or in quads, not both")
     if sched.pairs:
         _check_sum_pairs(program, op, isa, v)
+    if sched.quads:
+        _check_sum_quads(program, op, isa, v)
     if st.scalar_var is not None:
         raise ScheduleError(f"{op.out} is an input scalar; it cannot be assigned")
     bu, bv = sched.block
@@ -869,10 +925,21 @@ def _check_sum_pairs(program: ix.Program, op: ix.Op, isa: Isa, v: str | None) ->
                             f"on sums over exactly {full // 2} elements (target {isa.name})")
 
 
-def _half_vector_sums(op: ix.Op, v: str | None, lanes: int) -> bool:
-    """Whether ``op`` has sums over ``v`` and all of them are half a vector long."""
+def _half_vector_sums(op: ix.Op, v: str | None, lanes: int, per: int = 2) -> bool:
+    """Whether ``op`` has sums over ``v`` and all of them are 1/``per`` of a vector long."""
     sums = [s for s in sums_of(op.body) if s.index == v]
-    return bool(sums) and all(2 * s.extent == lanes for s in sums)
+    return bool(sums) and all(per * s.extent == lanes for s in sums)
+
+
+def _check_sum_quads(program: ix.Program, op: ix.Op, isa: Isa, v: str | None) -> None:
+    """Four rows per vector need every sum over the lanes a quarter of a vector long, the
+    ISA's operations for such rows, and the output contiguous along its rows."""
+    full = isa.lanes(program.dtype)
+    if (not all(isa.has_op(name, program.dtype) for name in ("quad_load", "sum_quarters"))
+            or not _half_vector_sums(op, v, full, 4)):
+        raise ScheduleError(f"four rows per vector need sums over exactly {full // 4} "
+                            f"elements on lanes and a target that sums them (target "
+                            f"{isa.name})")
 
 
 def _pair_block(gen: _Gen, op: ix.Op, st: _Storage, u: str, v: str, u0: k.Expr, un: int,
@@ -1069,6 +1136,7 @@ def candidates(program: ix.Program, op: ix.Op, isa: Isa | None = None) -> list[O
                         result.append(OpSchedule(v, block, split=split, one_tail=True))
         if isa is not None and v is not None:
             result += _pair_candidates(program, op, isa, v, extent, terms)
+            result += _quad_candidates(program, op, isa, v, extent, terms)
     return result
 
 
@@ -1109,6 +1177,30 @@ def _pair_candidates(program: ix.Program, op: ix.Op, isa: Isa, v: str, extent: d
     return out
 
 
+def _quad_candidates(program: ix.Program, op: ix.Op, isa: Isa, v: str, extent: dict,
+                     terms: int) -> list[OpSchedule]:
+    """Schedules with four rows per vector when the sums on lanes are a quarter of a
+    vector long and the output is a column of at least a vector's worth of rows (four
+    with mask registers): blocks of one and two vectors' worth."""
+    lanes = isa.lanes(program.dtype)
+    u = op.dims[0]
+    least = 4 if isa.mask_registers else lanes  # with masked stores, any four rows
+    if (v in extent or extent[u] < least or program.operand(op.out).cols != 1
+            or not _half_vector_sums(op, v, lanes, 4)
+            or not all(isa.has_op(n, program.dtype) for n in ("quad_load", "sum_quarters"))):
+        return []
+    out, seen = [], set()
+    for rows in (lanes, 2 * lanes):
+        rows = min(rows, extent[u] - extent[u] % 4)
+        accs = rows // 4
+        for split in SPLITS:
+            if ((rows, split) not in seen and accs * split + 2 <= isa.registers
+                    and (split == 1 or terms >= 2 * split)):
+                seen.add((rows, split))
+                out.append(OpSchedule(v, (rows, 1), split=split, quads=True))
+    return out
+
+
 def sums_of(n: ix.Node) -> list[ix.Sum]:
     own = [n] if isinstance(n, ix.Sum) else []
     return own + [s for c in ix.children(n) for s in sums_of(c)]
@@ -1129,7 +1221,12 @@ def build_module(program: ix.Program, specs: tuple[ArgSpec, ...],
     body: list[k.Stmt] = [k.Local(o.name, program.dtype, o.rows * o.cols)
                           for o in program.operands if o.temporary]
     for n, (op, sched) in enumerate(zip(program.ops, schedule, strict=True)):
-        body += batch_row_sums(tuple(lower_op(program, op, sched, isa, store,
-                                              prefix=f"s{n}_")), isa)
+        lowered = batch_row_sums(tuple(lower_op(program, op, sched, isa, store,
+                                                prefix=f"s{n}_")), isa)
+        if sched.quads and any(r.x.lanes not in isa.widths(program.dtype)
+                               for r in nodes_of(lowered, k.Reduce)):
+            raise ScheduleError("rows held four per vector must be summed a vector's "
+                                "worth at a time")
+        body += lowered
     entry = k.Function(name, entry_params(specs), tuple(body), exported=True)
     return k.Module((entry,), entry=name)

@@ -15,9 +15,11 @@ element of the output they read, they are one vector statement instead:
 shuffles and three adds for four f32 rows, where four separate horizontal sums take
 eight adds and eight shuffles). Wider accumulators are first halved (their two halves
 added); rows held two per vector (``Half(acc, 0)``, ``Half(acc, 1)``: ``OpSchedule.pairs``)
-are summed as such, n rows from n/2 vectors. The vector statement takes the place of
-the group's last store; the stores before it are dropped, which is safe because nothing
-between them touches the output or reassigns what their values read.
+are summed as such, n rows from n/2 vectors, and rows held four per vector
+(``OpSchedule.quads``: ``Half(Half(acc, 0), 1)`` is row 1) n rows from n/4. The vector
+statement takes the place of the group's last store; the stores before it are dropped,
+which is safe because nothing between them touches the output or reassigns what their
+values read.
 
 Before grouping, a row that adds several horizontal sums gets one (``one_sum``):
 ``y = alpha*A*x + beta*B*x`` ends every row in ``alpha*hsum(a) + beta*hsum(b)``, which
@@ -186,11 +188,14 @@ def _group(stmts: list[k.Stmt], i: int) -> list[int]:
 
 def _vector_stores(rows: list[k.Store], isa: Isa) -> list[list[k.Stmt]]:
     """Per row of the group, the statements that replace its store: the vector store at
-    the last row of each batch, nothing at the others; rows left over stay scalar."""
+    the last row of each batch, nothing at the others; rows left over stay scalar, but
+    for rows held four per vector: those go in one masked store where the ISA has mask
+    registers (fewer rows than a vector has lanes, a multiple of four)."""
     out: list[list[k.Stmt]] = [[r] for r in rows]
     start = 0
     while start < len(rows):
-        for n in (w for w in isa.widths(rows[start].value.dtype) if w > 1):
+        widths = [w for w in isa.widths(rows[start].value.dtype) if w > 1]
+        for n in widths:
             batch = rows[start:start + n]
             value = _vectorize([r.value for r in batch], n, isa) if len(batch) == n else None
             if value is not None:
@@ -200,20 +205,40 @@ def _vector_stores(rows: list[k.Store], isa: Isa) -> list[list[k.Stmt]]:
                 start += n
                 break
         else:
-            start += 1
+            start = _masked_batch(rows, start, widths, isa, out)
     return out
 
 
+def _masked_batch(rows: list[k.Store], start: int, widths: list[int], isa: Isa,
+                  out: list[list[k.Stmt]]) -> int:
+    """The most rows from ``start`` (a multiple of four, fewer than a vector's lanes) that
+    join into one masked store, placed in ``out``; where the next batch starts."""
+    if not isa.mask_registers or not widths:
+        return start + 1
+    for m in range(min(len(rows) - start, widths[0] - 1) // 4 * 4, 0, -4):
+        batch = rows[start:start + m]
+        value = _vectorize([r.value for r in batch], widths[0], isa)
+        if value is not None:
+            for p in range(start, start + m):
+                out[p] = []
+            out[start + m - 1] = [k.Store(batch[0].buf, batch[0].index, value, k.Const(m))]
+            return start + m
+    return start + 1
+
+
 def _vectorize(values: list[k.Expr], n: int, isa: Isa) -> k.Expr | None:
-    """One ``n``-lane expression whose lane r is ``values[r]``, or None."""
-    first = values[0]
+    """One ``n``-lane expression whose lane r is ``values[r]``, or None. Fewer values than
+    lanes leave the last lanes unspecified (for a masked store): loads then read only
+    the lanes given, and only rows held four per vector are summed so."""
+    first, count = values[0], len(values)
     if all(v == first for v in values) and not nodes_of(first, k.Reduce):
         return k.Broadcast(first, n)
     if all(isinstance(v, k.Reduce) for v in values):
         return _sum_lanes([v.x for v in values], n, isa)
     if all(isinstance(v, k.Load) and v.lanes == 1 and v.count is None and v.buf == first.buf
            and index_offset(v.index, first.index) == r for r, v in enumerate(values)):
-        return k.Load(first.buf, first.index, first.dtype, n)
+        return k.Load(first.buf, first.index, first.dtype, n,
+                      None if count == n else k.Const(count))
     if all(isinstance(v, k.Bin) and v.op == first.op for v in values):
         a = _vectorize([v.a for v in values], n, isa)
         b = _vectorize([v.b for v in values], n, isa)
@@ -228,10 +253,24 @@ def _sum_lanes(xs: list[k.Expr], n: int, isa: Isa) -> k.Expr | None:
     dtype = xs[0].dtype
     if any(x.lanes != xs[0].lanes or x.dtype != dtype for x in xs):
         return None
+    if len(xs) < n and 4 * xs[0].lanes != n:
+        return None
     if 2 * xs[0].lanes == n:  # rows of half a vector: summed two per vector if they were
         whole = [_unhalved(xs[r], xs[r + 1]) for r in range(0, n, 2)]
         if not _has_op(isa, "sum_halves", dtype, n) or None in whole:
             return None
+        return k.SumLanes(tuple(w for w in whole if w is not None))
+    if 4 * xs[0].lanes == n:  # rows of a quarter of a vector, if they were held four per
+        if len(xs) % 4:
+            return None
+        halves = [_unhalved(xs[r], xs[r + 1]) for r in range(0, len(xs), 2)]
+        whole = ([_unhalved(halves[h], halves[h + 1]) for h in range(0, len(halves), 2)]
+                 if None not in halves else [None])
+        if not _has_op(isa, "sum_quarters", dtype, n) or None in whole:
+            return None
+        # fewer rows than lanes (a masked store): the missing vectors' sums are zero
+        zero = k.Broadcast(k.Const(0.0, dtype), n)
+        whole += [zero] * (n // 4 - len(whole))
         return k.SumLanes(tuple(w for w in whole if w is not None))
     if xs[0].lanes < n or not _has_op(isa, "sum_lanes", dtype, n):
         return None
