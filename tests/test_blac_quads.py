@@ -149,6 +149,12 @@ def test_quads_refuse_layouts_they_cannot_take():
     spaced = tuple(replace(s, ld=8) if s.name == "A" else s for s in p.specs)
     with pytest.raises(ScheduleError, match="one after another"):
         build_module(p.indexed, spaced, (OpSchedule(v, (16, 1), quads=True),), AVX512, "x")
+    # x + z is computed on a quarter of a vector, a width the target does not have
+    plus = dict(A=M(16, 4, "f32"), x=V(4, "f32"), z=V(4, "f32"), y=V(16, "f32"))
+    q = plan("y = A*(x + z)", target="avx512", **plus)
+    with pytest.raises(ScheduleError, match="only as it is loaded"):
+        build_module(q.indexed, q.specs, (_quads("y = A*(x + z)", AVX512, **plus)[0],),
+                     AVX512, "x")
     # A'*x: the rows of A' are columns of A, their elements not next to each other
     at = plan("y = A'*x", target="avx512", A=M(4, 16, "f32"), x=V(4, "f32"), y=V(16, "f32"))
     op = at.indexed.ops[0]

@@ -357,6 +357,10 @@ class _Gen:
         if e.lanes > 1 and 2 * e.lanes == lanes:  # a row of one half, for both paired rows
             return k.Halves(e, e)
         if e.lanes > 1 and 4 * e.lanes == lanes:  # a row of one quarter, for four rows
+            if not (isinstance(e, k.Load) and e.count is None):
+                # (a quarter-wide value is no type of the target's; a load needs none)
+                raise ScheduleError("four rows per vector take the other factor of their "
+                                    "sums only as it is loaded")
             return k.quartered(e)
         return k.Broadcast(e, lanes)
 
