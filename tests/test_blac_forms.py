@@ -12,7 +12,8 @@ model's choice between them.
   interpreter (temporaries are NaN-filled there: a read before the write would show);
 * every form compiled (``-Wall -Wextra -Werror``) and called on operands against guard
   pages with sentinel padding;
-* the planner takes the form with the lower modelled cost.
+* the planner takes the form with the lower modelled cost;
+* a temporary whose elements are splatted often is read back from memory (a barrier).
 """
 
 from __future__ import annotations
@@ -279,3 +280,32 @@ def test_measuring_search_for_another_target_times_the_planned_form(tmp_path):
     c_path, _ = blacc.emit(source, output=tmp_path / "g", target="generic",
                            search="exhaustive", **decls)
     assert "immintrin" not in c_path.read_text()
+
+
+
+def _barrier_after_temporary(source: str, target: str, **decls) -> bool:
+    """Whether the planned kernel has a compiler barrier between the stores into its
+    temporary (the first operation's output) and the reads of it."""
+    p = plan(source, target=target, **decls)
+    temp = p.indexed.ops[0].out
+    assert len(p.indexed.ops) > 1 and p.indexed.operand(temp).temporary
+    body = p.module.function(p.module.entry).body
+    barriers = [i for i, s in enumerate(body) if isinstance(s, kir.Barrier)]
+    if not barriers:
+        return False
+    cut = barriers[0]
+    return (all(st.buf != temp for st in nodes_of(body[cut:], kir.Store))
+            and all(ld.buf != temp for ld in nodes_of(body[:cut], kir.Load))
+            and any(ld.buf == temp for ld in nodes_of(body[cut:], kir.Load)))
+
+
+def test_a_temporary_splatted_often_is_read_back_from_memory():
+    """alpha*B (4 x 4) in a temporary whose 16 elements are splatted: a barrier after it,
+    so that gcc loads the splats instead of building them from registers with shuffles;
+    a 2 x 2 temporary's 4 splats are left to gcc."""
+    gemam = dict(A0=M(4, 32, "f32"), A1=M(4, 32, "f32"), B=M(4, 4, "f32"), C=M(32, 4, "f32"),
+                 alpha=S("f32"), beta=S("f32"))
+    assert _barrier_after_temporary("C = alpha*(A0 + A1)'*B + beta*C", "avx512", **gemam)
+    tiny = dict(A0=M(2, 2, "f64"), A1=M(2, 2, "f64"), B=M(2, 2, "f64"), C=M(2, 2, "f64"),
+                alpha=S("f64"), beta=S("f64"))
+    assert not _barrier_after_temporary("C = alpha*(A0 + A1)'*B + beta*C", "avx2", **tiny)
