@@ -924,12 +924,12 @@ def _check_sum_pairs(program: ix.Program, op: ix.Op, isa: Isa, v: str | None) ->
     """Two rows per vector with the lanes on a reduction need every sum over that index
     exactly half a vector long, and the ISA's half-vector operations."""
     full = isa.lanes(program.dtype)
-    if ("halves", program.dtype) not in isa.ops or not _half_vector_sums(op, v, full):
+    if ("halves", program.dtype) not in isa.ops or not _sums_of_part(op, v, full, 2):
         raise ScheduleError(f"two rows per vector need the lanes on an output dimension or "
                             f"on sums over exactly {full // 2} elements (target {isa.name})")
 
 
-def _half_vector_sums(op: ix.Op, v: str | None, lanes: int, per: int = 2) -> bool:
+def _sums_of_part(op: ix.Op, v: str | None, lanes: int, per: int) -> bool:
     """Whether ``op`` has sums over ``v`` and all of them are 1/``per`` of a vector long."""
     sums = [s for s in sums_of(op.body) if s.index == v]
     return bool(sums) and all(per * s.extent == lanes for s in sums)
@@ -940,7 +940,7 @@ def _check_sum_quads(program: ix.Program, op: ix.Op, isa: Isa, v: str | None) ->
     ISA's operations for such rows, and the output contiguous along its rows."""
     full = isa.lanes(program.dtype)
     if (not all(isa.has_op(name, program.dtype) for name in ("quad_load", "sum_quarters"))
-            or not _half_vector_sums(op, v, full, 4)):
+            or not _sums_of_part(op, v, full, 4)):
         raise ScheduleError(f"four rows per vector need sums over exactly {full // 4} "
                             f"elements on lanes and a target that sums them (target "
                             f"{isa.name})")
@@ -1163,7 +1163,7 @@ def _pair_candidates(program: ix.Program, op: ix.Op, isa: Isa, v: str, extent: d
         half = 2 * extent[v] == lanes
     else:  # rows of the output, each ending in horizontal sums
         u = op.dims[0]
-        half = _half_vector_sums(op, v, lanes)
+        half = _sums_of_part(op, v, lanes, 2)
     if ("halves", program.dtype) not in isa.ops or not half or extent[u] < 2:
         return []
     out, seen = [], set()
@@ -1190,7 +1190,7 @@ def _quad_candidates(program: ix.Program, op: ix.Op, isa: Isa, v: str, extent: d
     u = op.dims[0]
     least = 4 if isa.mask_registers else lanes  # with masked stores, any four rows
     if (v in extent or extent[u] < least or program.operand(op.out).cols != 1
-            or not _half_vector_sums(op, v, lanes, 4)
+            or not _sums_of_part(op, v, lanes, 4)
             or not all(isa.has_op(n, program.dtype) for n in ("quad_load", "sum_quarters"))):
         return []
     out, seen = [], set()
