@@ -37,7 +37,7 @@ from blacc.transform.blac import (
     chunks,
 )
 from test_blac_columns import CC, NATIVE, _compiled
-from test_blac_pairs import _llvm_function, check_guarded
+from test_blac_pairs import _llvm_function, candidate_modules, check_guarded
 from test_blac_programs import assert_matches, make_values, run_interp, seed_of
 
 M, S, V = blacc.Matrix, blacc.Scalar, blacc.Vector
@@ -148,18 +148,12 @@ def test_every_one_tail_candidate_in_the_interpreter(name, m, n, dtype):
     p = _plan(source, "avx512", **decls)
     values = make_values(decls, dtype, np.random.default_rng(seed_of("tail", name, m, n)))
     built = 0
-    for i, op in enumerate(p.indexed.ops):
-        for sched in candidates(p.indexed, op, AVX512):
-            if not sched.one_tail:
-                continue
-            schedule = (*p.schedule[:i], sched, *p.schedule[i + 1:])
-            try:
-                module = build_module(p.indexed, p.specs, schedule, AVX512, "tail")
-            except ScheduleError:
-                continue
-            built += 1
-            got = run_interp(module, p.specs, p.typed, values, slack=0)
-            assert_matches(p.typed, values, got, f"{name} {m}x{n} {dtype} {schedule}")
+    for schedule, module in candidate_modules(p, AVX512, lambda s: s.one_tail):
+        if module is None:
+            continue
+        built += 1
+        got = run_interp(module, p.specs, p.typed, values, slack=0)
+        assert_matches(p.typed, values, got, f"{name} {m}x{n} {dtype} {schedule}")
     widths = AVX512.widths(dtype)
     assert built or chunks(n, widths, True) == chunks(n, widths), "no one-tail schedule"
 
@@ -179,14 +173,8 @@ def test_one_tail_compiled_against_guard_pages(tmp_path, name, m, n, dtype):
     source, decls_of = PROGRAMS[name]
     decls = decls_of(m, n, dtype)
     p = _plan(source, "avx512", **decls)
-    modules = []
-    for sched in candidates(p.indexed, p.indexed.ops[-1], AVX512):
-        if sched.one_tail:
-            try:
-                modules.append((sched, build_module(p.indexed, p.specs,
-                                                    (*p.schedule[:-1], sched), AVX512, "tk")))
-            except ScheduleError:
-                continue
+    modules = [(schedule, module) for schedule, module
+               in candidate_modules(p, AVX512, lambda s: s.one_tail) if module is not None]
     assert modules
     fns = []
     for i, (sched, module) in enumerate(dict.fromkeys((modules[0], modules[-1]))):

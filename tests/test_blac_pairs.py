@@ -366,6 +366,24 @@ def test_pair_kernels_compiled_against_guard_pages(tmp_path, name, m, kk, dtype)
     check_guarded(fns, p, values, f"{name} {m}x{kk} {dtype}")
 
 
+def candidate_modules(p, isa, wanted) -> list[tuple[tuple[OpSchedule, ...], k.Module | None]]:
+    """For each candidate schedule that ``wanted`` accepts, of each operation of plan
+    ``p`` (the other operations as planned): the whole schedule and its module, None
+    where it does not build."""
+    out: list[tuple[tuple[OpSchedule, ...], k.Module | None]] = []
+    for i, op in enumerate(p.indexed.ops):
+        for sched in candidates(p.indexed, op, isa):
+            if not wanted(sched):
+                continue
+            schedule = (*p.schedule[:i], sched, *p.schedule[i + 1:])
+            try:
+                module = build_module(p.indexed, p.specs, schedule, isa, "cand")
+            except ScheduleError:
+                module = None
+            out.append((schedule, module))
+    return out
+
+
 def check_guarded(fns: list, p, values: dict, context: str) -> None:
     """Call each (schedule, backend, function) of ``fns`` on operands against a guard page
     after them and before them, in a child process, and check the results."""

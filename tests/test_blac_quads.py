@@ -33,7 +33,7 @@ from blacc.target.isa import AVX2, AVX512, requested_isa
 from blacc.transform.blac import OpSchedule, build_module, candidates
 from blacc.transform.sum_lanes import batch_row_sums
 from test_blac_columns import CC, NATIVE, _compiled
-from test_blac_pairs import check_guarded
+from test_blac_pairs import candidate_modules, check_guarded
 from test_blac_programs import assert_matches, make_values, run_interp, seed_of
 
 M, S, V = blacc.Matrix, blacc.Scalar, blacc.Vector
@@ -181,13 +181,9 @@ INTERP_CASES = [(name, n) for name in PROGRAMS for n in ROWS]
 
 
 def _quad_modules(p) -> list[tuple[tuple[OpSchedule, ...], k.Module]]:
-    out = []
-    for i, op in enumerate(p.indexed.ops):
-        for sched in candidates(p.indexed, op, AVX512):
-            if sched.quads:
-                schedule = (*p.schedule[:i], sched, *p.schedule[i + 1:])
-                out.append((schedule, build_module(p.indexed, p.specs, schedule, AVX512,
-                                                   "quad")))
+    """Every quads candidate of ``p`` with its module; each must build."""
+    out = candidate_modules(p, AVX512, lambda s: s.quads)
+    assert all(module is not None for _, module in out), out
     return out
 
 

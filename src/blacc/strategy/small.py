@@ -331,8 +331,8 @@ def _registers(op: ix.Op, sched: OpSchedule) -> int:
     """Vector registers a block keeps live (``block_registers``), with an accumulator per
     partial chain and per reduction nested in the body."""
     bu, bv = sched.block
-    if sched.pairs or sched.quads:  # two or four rows per accumulator, a row of B shared
-        per = sched.rows_per_vector
+    if (per := sched.rows_per_vector) > 1:  # two or four rows per accumulator, a row of B
+        # shared by them
         return -(-bu // per) * bv * sched.split * max(1, len(sums_of(op.body))) + bv + 1
     return block_registers(bu, bv, sched.split * max(1, len(sums_of(op.body))))
 

@@ -935,15 +935,20 @@ def _sums_of_part(op: ix.Op, v: str | None, lanes: int, per: int) -> bool:
     return bool(sums) and all(per * s.extent == lanes for s in sums)
 
 
+def _quarter_vector_sums(program: ix.Program, op: ix.Op, isa: Isa, v: str | None) -> bool:
+    """Whether every sum of ``op`` over ``v`` is a quarter of a vector long and the ISA has
+    the operations for rows held four per vector."""
+    return (all(isa.has_op(name, program.dtype) for name in ("quad_load", "sum_quarters"))
+            and _sums_of_part(op, v, isa.lanes(program.dtype), 4))
+
+
 def _check_sum_quads(program: ix.Program, op: ix.Op, isa: Isa, v: str | None) -> None:
-    """Four rows per vector need every sum over the lanes a quarter of a vector long, the
-    ISA's operations for such rows, and the output contiguous along its rows."""
-    full = isa.lanes(program.dtype)
-    if (not all(isa.has_op(name, program.dtype) for name in ("quad_load", "sum_quarters"))
-            or not _sums_of_part(op, v, full, 4)):
-        raise ScheduleError(f"four rows per vector need sums over exactly {full // 4} "
-                            f"elements on lanes and a target that sums them (target "
-                            f"{isa.name})")
+    """Four rows per vector need every sum over the lanes a quarter of a vector long, and
+    the ISA's operations for such rows."""
+    if not _quarter_vector_sums(program, op, isa, v):
+        raise ScheduleError(f"four rows per vector need sums over exactly "
+                            f"{isa.lanes(program.dtype) // 4} elements on lanes and a "
+                            f"target that sums them (target {isa.name})")
 
 
 def _pair_block(gen: _Gen, op: ix.Op, st: _Storage, u: str, v: str, u0: k.Expr, un: int,
@@ -1190,8 +1195,7 @@ def _quad_candidates(program: ix.Program, op: ix.Op, isa: Isa, v: str, extent: d
     u = op.dims[0]
     least = 4 if isa.mask_registers else lanes  # with masked stores, any four rows
     if (v in extent or extent[u] < least or program.operand(op.out).cols != 1
-            or not _sums_of_part(op, v, lanes, 4)
-            or not all(isa.has_op(n, program.dtype) for n in ("quad_load", "sum_quarters"))):
+            or not _quarter_vector_sums(program, op, isa, v)):
         return []
     out, seen = [], set()
     for rows in (lanes, 2 * lanes):

@@ -264,14 +264,14 @@ def _sum_lanes(xs: list[k.Expr], n: int, isa: Isa) -> k.Expr | None:
         if len(xs) % 4:
             return None
         halves = [_unhalved(xs[r], xs[r + 1]) for r in range(0, len(xs), 2)]
-        whole = ([_unhalved(halves[h], halves[h + 1]) for h in range(0, len(halves), 2)]
-                 if None not in halves else [None])
-        if not _has_op(isa, "sum_quarters", dtype, n) or None in whole:
+        if None in halves or not _has_op(isa, "sum_quarters", dtype, n):
+            return None
+        whole = [_unhalved(halves[h], halves[h + 1]) for h in range(0, len(halves), 2)]
+        if None in whole:
             return None
         # fewer rows than lanes (a masked store): the missing vectors' sums are zero
-        zero = k.Broadcast(k.Const(0.0, dtype), n)
-        whole += [zero] * (n // 4 - len(whole))
-        return k.SumLanes(tuple(w for w in whole if w is not None))
+        whole += [k.Broadcast(k.Const(0.0, dtype), n)] * (n // 4 - len(whole))
+        return k.SumLanes(tuple(whole))
     if xs[0].lanes < n or not _has_op(isa, "sum_lanes", dtype, n):
         return None
     while xs[0].lanes > n:  # add the halves of wider accumulators first
