@@ -10,6 +10,7 @@ import pytest
 from threadpoolctl import ThreadpoolController
 
 from blacc.runtime.build import environment_backend
+from blacc.runtime.gemm import forget_calls
 
 DTYPES = (np.float32, np.float64)
 
@@ -168,5 +169,11 @@ def backend(request, monkeypatch):
     here, and after the test, when the variable is restored)."""
     monkeypatch.setenv("BLACC_BACKEND", request.param)
     environment_backend.cache_clear()
-    request.addfinalizer(environment_backend.cache_clear)
+    forget_calls()  # calls remembered under the other backend
+
+    def restore() -> None:
+        environment_backend.cache_clear()
+        forget_calls()
+
+    request.addfinalizer(restore)
     return request.param

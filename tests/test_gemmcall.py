@@ -27,6 +27,7 @@ def test_extension_and_ctypes_agree(dtype, layout, rng, make_operand, monkeypatc
     C1 = C0.copy()
     blacc.gemm(A, B, C0, alpha=1.5, beta=-0.5)
     monkeypatch.setattr(runtime_gemm, "gemm_caller", lambda: None)
+    monkeypatch.setattr(runtime_gemm, "extension", lambda: None)  # no fast path either
     blacc.gemm(A, B, C1, alpha=1.5, beta=-0.5)
     np.testing.assert_array_equal(C0, C1)
 
@@ -113,8 +114,8 @@ def test_repeat_gives_the_checked_result(dtype, layout, trans_a, trans_b, shape,
     C0 = C.copy()
     first = blacc.gemm(A, B, C, **kw).copy()
     fresh = blacc.gemm(A, B, alpha=-2.0, trans_a=trans_a, trans_b=trans_b)
-    key = runtime_gemm.signature(A, B, C, 1.5, -0.5, trans_a, trans_b, backend, "auto")
-    in_place = key in runtime_gemm._REPEATS
+    in_place = runtime_gemm.remembered(A, B, C, trans_a, trans_b) is not None
+    assert (runtime_gemm.remembered(A, B, None, trans_a, trans_b) is not None) == in_place
     # copied: views with no unit stride ([::2, ::3]) or none positive ([::-1, ::-1])
     assert in_place == (layout not in ("strided", "neg")), layout
     if in_place:
@@ -208,9 +209,75 @@ def test_repeat_keeps_its_kernel_loaded(backend):
     runtime_gemm._DISPATCH.clear()
     runtime_gemm.gemm_kernel.cache_clear()
     gc.collect()
-    key = runtime_gemm.signature(A, B, C, 1.0, 0.0, False, False, backend, "auto")
-    rep = runtime_gemm._REPEATS[key]
+    rep = runtime_gemm.remembered(A, B, C)
     assert ctypes.cast(rep.kernel.function, ctypes.c_void_p).value == rep.address
     C[...] = 0
     assert blacc.gemm(A, B, C) is C
     np.testing.assert_allclose(C, A @ B, rtol=1e-12, atol=1e-12)
+
+
+def test_the_table_of_calls_is_bounded_and_stays_right(rng):
+    """The extension remembers 32 calls; the 33rd takes the oldest slot, and every call,
+    repeated or not, still computes its own product."""
+    runtime_gemm.forget_calls()
+    calls = []
+    for i in range(40):
+        A, B = rng.standard_normal((3 + i, 5)), rng.standard_normal((5, 4))
+        C = np.empty((3 + i, 4))
+        assert blacc.gemm(A, B, C) is C
+        calls.append((A, B, C))
+    known = [runtime_gemm.remembered(A, B, C) is not None for A, B, C in calls]
+    assert known == [False] * 8 + [True] * 32
+    for A, B, C in calls[::-1]:
+        C[...] = np.nan
+        blacc.gemm(A, B, C)
+        np.testing.assert_allclose(C, A @ B, rtol=1e-12, atol=1e-12)
+
+
+def test_the_fast_path_takes_only_what_it_remembered(rng, monkeypatch):
+    """Arguments that agree with a remembered call in shape and strides but not in type:
+    a float32 A with a float64 call's strides, an ndarray subclass, a Python int alpha, a
+    numpy float beta. The checked path takes them: it raises or computes."""
+    m, k, n = 6, 5, 4
+    A, B = rng.standard_normal((m, k)), rng.standard_normal((k, n))
+    C = np.empty((m, n))
+    blacc.gemm(A, B, C)
+    assert runtime_gemm.remembered(A, B, C) is not None
+    # float32 elements 8 bytes apart: A's strides, another format
+    A32 = np.zeros((m, 2 * k), np.float32)[:, ::2]
+    assert A32.strides == A.strides
+    assert runtime_gemm.remembered(A32, B, C) is None
+    before = C.copy()
+    with pytest.raises(blacc.DTypeError):
+        blacc.gemm(A32, B, C)
+    np.testing.assert_array_equal(C, before)
+
+    class Sub(np.ndarray):
+        pass
+
+    checked = []
+    real_check = blacc.api.check_gemm
+    monkeypatch.setattr(blacc.api, "check_gemm",
+                        lambda *a, **kw: checked.append(1) or real_check(*a, **kw))
+    for args, kwargs in (((A.view(Sub), B, C), {}), ((A, B, C), {"alpha": 2}),
+                         ((A, B, C), {"beta": np.float64(0.5)})):
+        C[...] = 1.0
+        blacc.gemm(*args, **kwargs)
+        alpha, beta = kwargs.get("alpha", 1.0), kwargs.get("beta", 0.0)
+        np.testing.assert_allclose(C, alpha * (A @ B) + beta, rtol=1e-12, atol=1e-12)
+    assert len(checked) == 3
+    blacc.gemm(A, B, C)  # as remembered: no check
+    assert len(checked) == 3
+
+
+def test_routes_keep_backends_and_strategies_apart(rng):
+    """A call remembered with one strategy is not repeated for another."""
+    A, B = rng.standard_normal((7, 9)), rng.standard_normal((9, 5))
+    C = np.empty((7, 5))
+    blacc.gemm(A, B, C, strategy="tiling")
+    assert runtime_gemm.remembered(A, B, C, strategy="tiling") is not None
+    assert runtime_gemm.remembered(A, B, C, strategy="blis") is None
+    blacc.gemm(A, B, C, strategy="blis")
+    held = {runtime_gemm.remembered(A, B, C, strategy=s).kernel.module.entry
+            for s in ("tiling", "blis")}
+    assert len(held) == 2

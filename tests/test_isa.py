@@ -119,7 +119,7 @@ def test_gemm_of_every_runnable_isa_against_guards(name, dtype, backend, rng,
         os.environ["BLACC_ISA"] = name
         gemm_runtime.host_target.cache_clear()
         gemm_runtime._DISPATCH.clear()
-        gemm_runtime._REPEATS.clear()
+        gemm_runtime.forget_calls()
         assert gemm_runtime.host_target().isa is ISAS[name]
         for shape, side, (trans_a, trans_b), beta in itertools.product(
                 ISA_SHAPES, SIDES, itertools.product((False, True), repeat=2), (0.0, 0.75)):

@@ -11,7 +11,7 @@ from .ir.dtypes import float_type_of
 from .ir.structured import Contraction
 from .ir.structured import matmul as matmul_op
 from .runtime.build import resolve_backend
-from .runtime.gemm import check_gemm, gemm_kernel, host_target, repeat, run_gemm, signature
+from .runtime.gemm import check_gemm, gemm_kernel, host_target, repeat, route, run_gemm
 from .strategy.gemm import Plan, choose
 from .transform.schedule import Schedule, show
 
@@ -31,17 +31,19 @@ def gemm(A: np.ndarray, B: np.ndarray, C: np.ndarray | None = None, *, alpha: fl
     ``strategy``: 'auto' (chosen per shape), or one of seed 000's: 'blis' (Tiling+Packing),
     'tiling' (register tiles over the operands in place), 'intrinsic' (the whole product
     as LLVM matrix-multiply calls, compiled for this exact shape), 'tiling-intrinsic'."""
-    chosen = resolve_backend(backend)
-    key = signature(A, B, C, alpha, beta, trans_a, trans_b, chosen, strategy)
-    if key is not None and (done := repeat(key, A, B, C, alpha, beta)) is not None:
+    path = route(backend, strategy)
+    if (done := repeat(path, A, B, C, alpha, beta, trans_a, trans_b)) is not None:
         return done
+    chosen = resolve_backend(backend)
     call = check_gemm(A, B, C, alpha, beta, trans_a, trans_b)
-    return run_gemm(call, backend=chosen, strategy=strategy, remember=key)
+    return run_gemm(call, backend=chosen, strategy=strategy, remember=(path, A, B, C))
 
 
 def matmul(A: np.ndarray, B: np.ndarray, out: np.ndarray | None = None, *,
            backend: str | None = None) -> np.ndarray:
     """``A @ B`` for 2-D float32/float64 arrays, like ``numpy.matmul``; ``out`` if given."""
+    if (done := repeat(route(backend, "auto"), A, B, out, 1.0, 0.0, False, False)) is not None:
+        return done  # as gemm would: spares small products a call
     return gemm(A, B, out, alpha=1.0, beta=0.0, backend=backend)
 
 

@@ -10,11 +10,11 @@ The kernels compute with a unit column stride in C; a C with a unit row stride i
 handled as C^T = op(B)^T op(A)^T, which only swaps views.
 
 A call whose arguments look like an earlier successful one (same dtypes, shapes, strides,
-transposes, backend and strategy: ``signature``) takes a fast path (``repeat``): the
-compiled extension gets the user's arrays as they are, checks what memory safety depends
-on, and calls the kernel the earlier call chose. Anything unusual (C possibly
-overlapping A or B, a read-only C, alpha == 0) falls back to the checked path, which
-raises the errors. The Python-side cost of a 4x4 ``blacc.gemm`` call: ~10 us -> ~2.5 us.
+transposes, backend and strategy) takes a fast path (``repeat``): the compiled extension
+(``gemmcall``) finds the earlier call in its table, gets the user's arrays as they are,
+checks what memory safety depends on, and calls the kernel the earlier call chose.
+Anything unusual (C possibly overlapping A or B, a read-only C, alpha == 0) falls back to
+the checked path, which raises the errors.
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ from __future__ import annotations
 import ctypes
 import functools
 import numbers
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -40,7 +39,6 @@ from ..transform.pipeline import lower
 from .build import NativeKernel, build
 from .gemmcall import (
     CHECK_OVERLAP,
-    MAY_OVERLAP,
     SWAP,
     TRANS_A,
     TRANS_B,
@@ -48,6 +46,7 @@ from .gemmcall import (
     UNIT_B,
     UNIT_B_ROWS,
     UNIT_C,
+    extension,
     gemm_caller,
 )
 
@@ -235,67 +234,66 @@ def dispatch(tgt: Target, backend: str, strategy: str, dtype: str, m: int, n: in
     return found
 
 
-class _Repeat(NamedTuple):
-    """How to repeat a successful call in one extension call (see ``repeat``)."""
+class Remembered(NamedTuple):
+    """What a remembered call holds (``gemmcall.extension().remember``): the kernel, so
+    that the code at ``address`` stays loaded while the call can be repeated."""
 
-    call: Callable[..., int]  # the extension's call_f32 / call_f64
-    kernel: NativeKernel  # held so that the code at ``address`` stays loaded
+    kernel: NativeKernel
     address: int
-    sized: bool
-    flags: int
-    shape: tuple[int, int]  # of the C to allocate when none is given
-    dtype: np.dtype
 
 
-#: ``signature`` of a call -> how to repeat it. Bounded: cleared past the limit.
-_REPEATS: dict[tuple, _Repeat] = {}
+#: Routes: the backend and strategy a call asks for, numbered for the extension's table;
+#: 0 is the defaults ($BLACC_BACKEND, read once, and 'auto').
+_ROUTES: dict[tuple[object, object], int] = {(None, "auto"): 0}
 
 
-def signature(A: object, B: object, C: object, alpha: object, beta: object, trans_a: object,
-              trans_b: object, backend: str, strategy: str) -> tuple | None:
-    """What the checks and choices of a call depend on, but for the arrays' addresses and
-    writability; None unless the arguments are arrays, floats and bools (the common case:
-    the others take the checked path every time)."""
-    if (type(A) is not np.ndarray or type(B) is not np.ndarray or type(alpha) is not float
-            or type(beta) is not float or type(trans_a) is not bool
-            or type(trans_b) is not bool):
-        return None
-    if C is None:
-        c = None
-    elif type(C) is np.ndarray:
-        c = (C.dtype, C.shape, C.strides)
-    else:
-        return None
-    return (A.dtype, A.shape, A.strides, B.dtype, B.shape, B.strides, c, trans_a, trans_b,
-            backend, strategy)
-
-
-def repeat(key: tuple, A: np.ndarray, B: np.ndarray, C: np.ndarray | None, alpha: float,
-           beta: float) -> np.ndarray | None:
-    """C (or a new array) computed the way the call with this ``signature`` was, or None
-    when the checked path must run: no such call yet, alpha == 0, or the extension finds
-    C possibly overlapping A or B, or not writable. Nothing is written then."""
-    rep = _REPEATS.get(key)
-    if rep is None or alpha == 0:
-        return None
-    if C is None:
-        C, beta = np.empty(rep.shape, rep.dtype), 0.0
+def route(backend: object, strategy: object) -> int:
+    """The number of a (backend, strategy) request; the same for the same request."""
+    if backend is None and strategy == "auto":
+        return 0
     try:
-        status = rep.call(rep.address, rep.sized, alpha, A, B, beta, C, rep.flags)
-    except (ValueError, BufferError):
+        return _ROUTES.setdefault((backend, strategy), len(_ROUTES))
+    except TypeError:  # unhashable: refused later by the checked path
+        return -1
+
+
+def repeat(path: int, A: object, B: object, C: object, alpha: object, beta: object,
+           trans_a: object, trans_b: object) -> np.ndarray | None:
+    """C (or a new array) computed the way an earlier call with the same route, transposes,
+    dtypes, shapes and strides was, in one extension call; None when the checked path must
+    run: no such call, a C that may overlap A or B or is read-only, alpha == 0, arguments
+    of other types. Nothing is written then."""
+    ext = extension()
+    if ext is None:
         return None
-    if status == MAY_OVERLAP:
-        return None
-    if status != 0:
+    done = ext.fast(path, A, B, C, alpha, beta, trans_a, trans_b)
+    if type(done) is int:
         raise MemoryError(_PACKING_FAILED)
-    return C
+    return done
+
+
+def remembered(A: np.ndarray, B: np.ndarray, C: np.ndarray | None, trans_a: bool = False,
+               trans_b: bool = False, *, backend: str | None = None,
+               strategy: str = "auto") -> Remembered | None:
+    """The remembered call ``repeat`` would repeat for these arguments, or None."""
+    ext = extension()
+    return None if ext is None else ext.lookup(route(backend, strategy), A, B, C, trans_a,
+                                               trans_b)
+
+
+def forget_calls() -> None:
+    """Forget every remembered call (after the target or backend changed)."""
+    if (ext := extension()) is not None:
+        ext.forget()
 
 
 def run_gemm(call: GemmCall, target: Target | None = None, backend: str = "c",
-             strategy: str = "auto", remember: tuple | None = None) -> np.ndarray:
+             strategy: str = "auto",
+             remember: tuple[int, object, object, object] | None = None) -> np.ndarray:
     """Execute a checked call with ``backend`` ('c' or 'llvm') and ``strategy`` (one of
-    ``strategy.gemm.STRATEGIES``); returns the user's C. ``remember``: the call's
-    ``signature``, under which ``repeat`` can redo it when no copy was needed."""
+    ``strategy.gemm.STRATEGIES``); returns the user's C. ``remember``: the call's route and
+    its A, B and C as given (C None when it was allocated), under which ``repeat`` can
+    redo it when no copy was needed."""
     if strategy not in STRATEGIES:
         raise ArgumentError(f"unknown strategy {strategy!r}: choose one of "
                             f"{', '.join(STRATEGIES)}")
@@ -334,10 +332,10 @@ def run_gemm(call: GemmCall, target: Target | None = None, backend: str = "c",
             # the overlap check is a few comparisons in C; a fresh C always passes it
             flags = (unit | CHECK_OVERLAP | (TRANS_A if call.trans_a else 0)
                      | (TRANS_B if call.trans_b else 0) | (SWAP if swap else 0))
-            if len(_REPEATS) >= _DISPATCH_LIMIT:
-                _REPEATS.clear()
-            _REPEATS[remember] = _Repeat(callers[call.dtype], kernel, address, takes_extents,
-                                         flags, c.shape, c.dtype)
+            path, A, B, C = remember
+            extension().remember(path, A, B, C, call.trans_a, call.trans_b,
+                                 Remembered(kernel, address), address, takes_extents, flags,
+                                 c.dtype)
     else:  # no C compiler for the extension: ctypes
         extents = (mk, nk, k) if takes_extents else ()
         status = kernel.function(*extents, call.alpha, _ptr(a), a.strides[0] // size,
