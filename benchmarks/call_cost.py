@@ -32,9 +32,9 @@ def main() -> None:
         for n in args.sizes:
             a, b = (rng.uniform(-1, 1, (n, n)).astype(npdt) for _ in range(2))
             c = np.zeros((n, n), npdt)
-            fns = {"matmul": lambda: blacc.matmul(a, b, out=c),
-                   "gemm": lambda: blacc.gemm(a, b, c),
-                   "numpy": lambda: np.matmul(a, b, out=c)}
+            fns = {"matmul": lambda a=a, b=b, c=c: blacc.matmul(a, b, out=c),
+                   "gemm": lambda a=a, b=b, c=c: blacc.gemm(a, b, c),
+                   "numpy": lambda a=a, b=b, c=c: np.matmul(a, b, out=c)}
             with single_thread():
                 st = measure_interleaved(fns, samples=args.samples)
             us = {name: s.median * 1e6 for name, s in st.items()}
