@@ -8,7 +8,8 @@ single thread, medians of samples of at least 50 ms (blacc.bench.timing):
 
 Keys of a candidate: mc, kc, nc, mr, nr, ku, pfa, pfb (prefetch distances of A and B in k
 steps; 0 = none), bal (1: k blocks of equal length, the default; 0: kc-long blocks and a
-shorter last one); unspecified keys take the machine model's values.
+shorter last one), edges (1: the last column tile only as wide as it needs, the default;
+0: the full tile over padding); unspecified keys take the machine model's values.
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ def candidate_plan(text: str, dtype: str, shape: tuple[int, int, int]) -> Plan:
     base = dict(choose(*shape, dtype, machine=tgt.machine, isa=tgt.isa, b_unit_cols=True).params)
     mr, nr, lanes = packed_tile(dtype, tgt.isa)
     values = {"mc": base.get("mc", 144), "kc": base.get("kc", 256),
-              "nc": base.get("nc", 4080), "ku": 4, "pfa": 0, "pfb": 0, "mr": mr, "nr": nr, "bal": 1}
+              "nc": base.get("nc", 4080), "ku": 4, "pfa": 0, "pfb": 0, "mr": mr, "nr": nr, "bal": 1,
+              "edges": 1}
     for item in filter(None, text.split(",")):
         key, _, value = item.partition("=")
         if key not in values:
@@ -36,7 +38,8 @@ def candidate_plan(text: str, dtype: str, shape: tuple[int, int, int]) -> Plan:
         values[key] = int(value)
     v = values
     schedule = blis(v["mc"], v["kc"], v["nc"], v["mr"], v["nr"], v["ku"], lanes,
-                    prefetch_a=v["pfa"], prefetch_b=v["pfb"], balanced=bool(v["bal"]))
+                    prefetch_a=v["pfa"], prefetch_b=v["pfb"], balanced=bool(v["bal"]),
+                    narrow_edges=bool(v["edges"]))
     params = tuple(sorted(v.items()))
     return Plan("blis", params, schedule, (("C_s1", 1),))
 

@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 import blacc
+from blacc.ir.dtypes import float_type_of
 from blacc.runtime.gemm import host_target
 from blacc.strategy.gemm import FEW_ROWS, tile_shapes
 from conftest import DTYPES
@@ -323,6 +324,39 @@ def test_gemm_across_cache_blocks(dtype, side, layout, rng, assert_gemm_close):
         ):
             _gemm_on_guarded(assert_gemm_close, seed, shape, dtype, placements,
                              trans_a, trans_b, 1.0)
+
+    run_isolated(body)
+
+
+def _edge_tile_shapes(dtype: str) -> list[tuple[int, int, int]]:
+    """Shapes whose last column tile of the packed plan leaves 1, lanes, lanes + 1, ...,
+    nr - 1 columns: each of the narrow edge tiles (``NarrowEdges``) and the full one."""
+    plan = blacc.explain(m=1000, n=1000, k=1000, dtype=np.dtype(dtype)).plan
+    params = dict(plan.params)
+    if not {"mr", "nr"} <= params.keys():
+        pytest.skip(f"the plan for a large GEMM is not cache-blocked: {plan.describe()}")
+    mr, nr = params["mr"], params["nr"]
+    lanes = host_target().isa.lanes(float_type_of(np.dtype(dtype)))
+    left = sorted({1, lanes, lanes + 1, 2 * lanes + 3, nr - lanes, nr - lanes + 1, nr - 1}
+                  - {0})
+    shapes = [(5 * mr + 2, 2 * nr + r, 67) for r in left if 0 < r < nr]
+    for m, n, k in shapes:
+        plan = blacc.explain(m=m, n=n, k=k, dtype=np.dtype(dtype)).plan
+        assert plan.strategy == "blis", (m, n, k, plan.describe())
+    return shapes
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("side", SIDES)
+def test_gemm_narrow_edge_tiles_against_guards(dtype, side, rng, assert_gemm_close):
+    shapes = _edge_tile_shapes(dtype)
+    seed = int(rng.integers(2**32))
+    placements = {"A": (side, "C"), "B": (side, "ldC"), "C": (side, "ldC")}
+
+    def body():
+        for shape, beta in itertools.product(shapes, (0.0, 0.75)):
+            _gemm_on_guarded(assert_gemm_close, seed, shape, dtype, placements, False, False,
+                             beta)
 
     run_isolated(body)
 

@@ -14,11 +14,20 @@ from blacc.ir import kernel as k
 from blacc.ir.structured import REDUCTION, Access, Contraction, Dim, matmul
 from blacc.strategy.gemm import blis, no_packing
 from blacc.transform.apply import apply
-from blacc.transform.schedule import Pack, Tile, UnrollJam, Vectorize, from_json, show, to_json
+from blacc.transform.schedule import (
+    NarrowEdges,
+    Pack,
+    Tile,
+    UnrollJam,
+    Vectorize,
+    from_json,
+    show,
+    to_json,
+)
 
 #: The names show() prints, and nothing else (no builtins): eval of our own printed text.
 NAMESPACE = {"__builtins__": {}, "Tile": Tile, "Pack": Pack, "UnrollJam": UnrollJam,
-             "Vectorize": Vectorize}
+             "Vectorize": Vectorize, "NarrowEdges": NarrowEdges}
 
 SCHEDULES = {
     "blis-f32": blis(12, 8, 32, 6, 16, 4, 8),
@@ -90,7 +99,7 @@ def test_blis_and_no_packing_shapes():
     s = blis(12, 8, 32, 6, 16, 4, 8)
     assert s == (Tile((("j", 32),)), Tile((("k", 8),), balanced=True), Pack("B", 16),
                  Tile((("i", 12),)), Pack("A", 6), Tile((("j", 16), ("i", 6))), UnrollJam("k", 4),
-                 Vectorize("j", 8))
+                 Vectorize("j", 8), NarrowEdges("j"))
     assert blis(12, 8, 32, 4, 4, 4)[-1] == UnrollJam("k", 4)  # lanes=1: no Vectorize
     assert no_packing(6, 16, 4, 8) == (Tile((("i", 6), ("j", 16))), UnrollJam("k", 4),
                                        Vectorize("j", 8))
@@ -117,7 +126,7 @@ def test_json_round_trip(name):
 def test_json_names_the_kind():
     items = json.loads(to_json(blis(12, 8, 32, 6, 16, 4, 8)))
     assert [i["kind"] for i in items] == ["Tile", "Tile", "Pack", "Tile", "Pack", "Tile",
-                                          "UnrollJam", "Vectorize"]
+                                          "UnrollJam", "Vectorize", "NarrowEdges"]
     assert items[2] == {"kind": "Pack", "operand": "B", "sliver": 16}
 
 
@@ -274,6 +283,38 @@ def test_vectorize_k_reads_operands_in_place(extra):
 def test_vectorize_lanes_must_divide_nr(nr, lanes):
     with pytest.raises(ScheduleError, match="do not divide"):
         apply(F32, no_packing(6, nr, 4, lanes), known_strides=CS1)
+
+
+def test_narrow_edges_needs_the_vectorized_columns():
+    with pytest.raises(ScheduleError, match="NarrowEdges: only 'j'"):
+        apply(F32, (Tile((("i", 6), ("j", 16))), Vectorize("j", 8), NarrowEdges("i")),
+              known_strides=CS1)
+    with pytest.raises(ScheduleError, match="needs 'j' vectorized"):
+        apply(F32, (Tile((("i", 6), ("j", 16))), NarrowEdges("j")))
+    with pytest.raises(ScheduleError, match="needs 'j' vectorized"):
+        apply(F32, (Tile((("i", 4), ("j", 1))), Vectorize("k", 8), NarrowEdges("j")))
+
+
+def test_narrow_edges_call_a_tile_as_wide_as_the_columns_left():
+    """A 6 x 32 tile of 8 lanes gets micro-kernels 8, 16 and 24 columns wide, called when
+    the columns left are at most that many; the full one otherwise."""
+    module = apply(F32, blis(12, 8, 64, 6, 32, 4, 8), name="gemm", known_strides=CS1)
+    names = [f.name for f in module.functions]
+    assert names == ["gemm_micro8", "gemm_micro16", "gemm_micro24", "gemm_micro", "gemm"]
+    for f in module.functions[:-1]:
+        (mma,) = [s for s in f.body if isinstance(s, k.TileMMA)]
+        assert mma.tile.cols == int(f.name.removeprefix("gemm_micro") or 32)
+    ifs = [s for s in _all_stmts(module.function("gemm").body) if isinstance(s, k.If)]
+    assert [(s.cond.op, s.cond.b.value) for s in ifs] == [("<=", 8), ("<=", 16), ("<=", 24)]
+    assert [s.then[0].func for s in ifs] == ["gemm_micro8", "gemm_micro16", "gemm_micro24"]
+    assert ifs[-1].orelse[0].func == "gemm_micro"
+
+
+def _all_stmts(body):
+    for s in body:
+        yield s
+        for child in (getattr(s, "body", ()), getattr(s, "then", ()), getattr(s, "orelse", ())):
+            yield from _all_stmts(child)
 
 
 @pytest.mark.parametrize("dim", ["i", "j", "x"])

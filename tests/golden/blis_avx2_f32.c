@@ -13,6 +13,7 @@
 
 BLACC_NOINLINE static void pack_f32_w16(float *restrict dst, const float *restrict src, int64_t rs, int64_t cs, int64_t rows, int64_t cols);
 BLACC_NOINLINE static void pack_f32_w6(float *restrict dst, const float *restrict src, int64_t rs, int64_t cs, int64_t rows, int64_t cols);
+BLACC_NOINLINE static void kernel_micro8(int64_t kc, const float *restrict a, const float *restrict b, float *restrict c, int64_t c_rs, int64_t rows, int64_t cols, float alpha, float beta);
 BLACC_NOINLINE static void kernel_micro(int64_t kc, const float *restrict a, const float *restrict b, float *restrict c, int64_t c_rs, int64_t rows, int64_t cols, float alpha, float beta);
 
 BLACC_NOINLINE static void pack_f32_w16(float *restrict dst, const float *restrict src, int64_t rs, int64_t cs, int64_t rows, int64_t cols) {
@@ -489,6 +490,156 @@ BLACC_NOINLINE static void pack_f32_w6(float *restrict dst, const float *restric
     }
 }
 
+BLACC_NOINLINE static void kernel_micro8(int64_t kc, const float *restrict a, const float *restrict b, float *restrict c, int64_t c_rs, int64_t rows, int64_t cols, float alpha, float beta) {
+    __m256 acc_0_0 = _mm256_set1_ps(0.0f);
+    __m256 acc_1_0 = _mm256_set1_ps(0.0f);
+    __m256 acc_2_0 = _mm256_set1_ps(0.0f);
+    __m256 acc_3_0 = _mm256_set1_ps(0.0f);
+    __m256 acc_4_0 = _mm256_set1_ps(0.0f);
+    __m256 acc_5_0 = _mm256_set1_ps(0.0f);
+    BLACC_PREFETCH(&c[((0 < (rows - 1) ? 0 : (rows - 1)) * c_rs)], 1);
+    BLACC_PREFETCH(&c[(((0 < (rows - 1) ? 0 : (rows - 1)) * c_rs) + (7 < (cols - 1) ? 7 : (cols - 1)))], 1);
+    BLACC_PREFETCH(&c[((1 < (rows - 1) ? 1 : (rows - 1)) * c_rs)], 1);
+    BLACC_PREFETCH(&c[(((1 < (rows - 1) ? 1 : (rows - 1)) * c_rs) + (7 < (cols - 1) ? 7 : (cols - 1)))], 1);
+    BLACC_PREFETCH(&c[((2 < (rows - 1) ? 2 : (rows - 1)) * c_rs)], 1);
+    BLACC_PREFETCH(&c[(((2 < (rows - 1) ? 2 : (rows - 1)) * c_rs) + (7 < (cols - 1) ? 7 : (cols - 1)))], 1);
+    BLACC_PREFETCH(&c[((3 < (rows - 1) ? 3 : (rows - 1)) * c_rs)], 1);
+    BLACC_PREFETCH(&c[(((3 < (rows - 1) ? 3 : (rows - 1)) * c_rs) + (7 < (cols - 1) ? 7 : (cols - 1)))], 1);
+    BLACC_PREFETCH(&c[((4 < (rows - 1) ? 4 : (rows - 1)) * c_rs)], 1);
+    BLACC_PREFETCH(&c[(((4 < (rows - 1) ? 4 : (rows - 1)) * c_rs) + (7 < (cols - 1) ? 7 : (cols - 1)))], 1);
+    BLACC_PREFETCH(&c[((5 < (rows - 1) ? 5 : (rows - 1)) * c_rs)], 1);
+    BLACC_PREFETCH(&c[(((5 < (rows - 1) ? 5 : (rows - 1)) * c_rs) + (7 < (cols - 1) ? 7 : (cols - 1)))], 1);
+    int64_t kmain = (kc - (kc % 4));
+    for (int64_t p = 0; p < kmain; p += 4) {
+        __m256 b_0_0 = _mm256_loadu_ps(&b[(p * 16)]);
+        __m256 a_0_0 = _mm256_broadcast_ss(&a[(p * 6)]);
+        acc_0_0 = _mm256_fmadd_ps(a_0_0, b_0_0, acc_0_0);
+        __m256 a_0_1 = _mm256_broadcast_ss(&a[(1 + (p * 6))]);
+        acc_1_0 = _mm256_fmadd_ps(a_0_1, b_0_0, acc_1_0);
+        __m256 a_0_2 = _mm256_broadcast_ss(&a[(2 + (p * 6))]);
+        acc_2_0 = _mm256_fmadd_ps(a_0_2, b_0_0, acc_2_0);
+        __m256 a_0_3 = _mm256_broadcast_ss(&a[(3 + (p * 6))]);
+        acc_3_0 = _mm256_fmadd_ps(a_0_3, b_0_0, acc_3_0);
+        __m256 a_0_4 = _mm256_broadcast_ss(&a[(4 + (p * 6))]);
+        acc_4_0 = _mm256_fmadd_ps(a_0_4, b_0_0, acc_4_0);
+        __m256 a_0_5 = _mm256_broadcast_ss(&a[(5 + (p * 6))]);
+        acc_5_0 = _mm256_fmadd_ps(a_0_5, b_0_0, acc_5_0);
+        __m256 b_1_0 = _mm256_loadu_ps(&b[((p + 1) * 16)]);
+        __m256 a_1_0 = _mm256_broadcast_ss(&a[((p + 1) * 6)]);
+        acc_0_0 = _mm256_fmadd_ps(a_1_0, b_1_0, acc_0_0);
+        __m256 a_1_1 = _mm256_broadcast_ss(&a[(1 + ((p + 1) * 6))]);
+        acc_1_0 = _mm256_fmadd_ps(a_1_1, b_1_0, acc_1_0);
+        __m256 a_1_2 = _mm256_broadcast_ss(&a[(2 + ((p + 1) * 6))]);
+        acc_2_0 = _mm256_fmadd_ps(a_1_2, b_1_0, acc_2_0);
+        __m256 a_1_3 = _mm256_broadcast_ss(&a[(3 + ((p + 1) * 6))]);
+        acc_3_0 = _mm256_fmadd_ps(a_1_3, b_1_0, acc_3_0);
+        __m256 a_1_4 = _mm256_broadcast_ss(&a[(4 + ((p + 1) * 6))]);
+        acc_4_0 = _mm256_fmadd_ps(a_1_4, b_1_0, acc_4_0);
+        __m256 a_1_5 = _mm256_broadcast_ss(&a[(5 + ((p + 1) * 6))]);
+        acc_5_0 = _mm256_fmadd_ps(a_1_5, b_1_0, acc_5_0);
+        __m256 b_2_0 = _mm256_loadu_ps(&b[((p + 2) * 16)]);
+        __m256 a_2_0 = _mm256_broadcast_ss(&a[((p + 2) * 6)]);
+        acc_0_0 = _mm256_fmadd_ps(a_2_0, b_2_0, acc_0_0);
+        __m256 a_2_1 = _mm256_broadcast_ss(&a[(1 + ((p + 2) * 6))]);
+        acc_1_0 = _mm256_fmadd_ps(a_2_1, b_2_0, acc_1_0);
+        __m256 a_2_2 = _mm256_broadcast_ss(&a[(2 + ((p + 2) * 6))]);
+        acc_2_0 = _mm256_fmadd_ps(a_2_2, b_2_0, acc_2_0);
+        __m256 a_2_3 = _mm256_broadcast_ss(&a[(3 + ((p + 2) * 6))]);
+        acc_3_0 = _mm256_fmadd_ps(a_2_3, b_2_0, acc_3_0);
+        __m256 a_2_4 = _mm256_broadcast_ss(&a[(4 + ((p + 2) * 6))]);
+        acc_4_0 = _mm256_fmadd_ps(a_2_4, b_2_0, acc_4_0);
+        __m256 a_2_5 = _mm256_broadcast_ss(&a[(5 + ((p + 2) * 6))]);
+        acc_5_0 = _mm256_fmadd_ps(a_2_5, b_2_0, acc_5_0);
+        __m256 b_3_0 = _mm256_loadu_ps(&b[((p + 3) * 16)]);
+        __m256 a_3_0 = _mm256_broadcast_ss(&a[((p + 3) * 6)]);
+        acc_0_0 = _mm256_fmadd_ps(a_3_0, b_3_0, acc_0_0);
+        __m256 a_3_1 = _mm256_broadcast_ss(&a[(1 + ((p + 3) * 6))]);
+        acc_1_0 = _mm256_fmadd_ps(a_3_1, b_3_0, acc_1_0);
+        __m256 a_3_2 = _mm256_broadcast_ss(&a[(2 + ((p + 3) * 6))]);
+        acc_2_0 = _mm256_fmadd_ps(a_3_2, b_3_0, acc_2_0);
+        __m256 a_3_3 = _mm256_broadcast_ss(&a[(3 + ((p + 3) * 6))]);
+        acc_3_0 = _mm256_fmadd_ps(a_3_3, b_3_0, acc_3_0);
+        __m256 a_3_4 = _mm256_broadcast_ss(&a[(4 + ((p + 3) * 6))]);
+        acc_4_0 = _mm256_fmadd_ps(a_3_4, b_3_0, acc_4_0);
+        __m256 a_3_5 = _mm256_broadcast_ss(&a[(5 + ((p + 3) * 6))]);
+        acc_5_0 = _mm256_fmadd_ps(a_3_5, b_3_0, acc_5_0);
+    }
+    for (int64_t p = kmain; p < kc; p += 1) {
+        __m256 b_0_0 = _mm256_loadu_ps(&b[(p * 16)]);
+        __m256 a_0_0 = _mm256_broadcast_ss(&a[(p * 6)]);
+        acc_0_0 = _mm256_fmadd_ps(a_0_0, b_0_0, acc_0_0);
+        __m256 a_0_1 = _mm256_broadcast_ss(&a[(1 + (p * 6))]);
+        acc_1_0 = _mm256_fmadd_ps(a_0_1, b_0_0, acc_1_0);
+        __m256 a_0_2 = _mm256_broadcast_ss(&a[(2 + (p * 6))]);
+        acc_2_0 = _mm256_fmadd_ps(a_0_2, b_0_0, acc_2_0);
+        __m256 a_0_3 = _mm256_broadcast_ss(&a[(3 + (p * 6))]);
+        acc_3_0 = _mm256_fmadd_ps(a_0_3, b_0_0, acc_3_0);
+        __m256 a_0_4 = _mm256_broadcast_ss(&a[(4 + (p * 6))]);
+        acc_4_0 = _mm256_fmadd_ps(a_0_4, b_0_0, acc_4_0);
+        __m256 a_0_5 = _mm256_broadcast_ss(&a[(5 + (p * 6))]);
+        acc_5_0 = _mm256_fmadd_ps(a_0_5, b_0_0, acc_5_0);
+    }
+    __m256 alpha_v = _mm256_set1_ps(alpha);
+    __m256 beta_v = _mm256_set1_ps(beta);
+    if ((beta == 0.0f)) {
+        if (((rows == 6) && (cols == 8))) {
+            _mm256_storeu_ps(c, _mm256_mul_ps(alpha_v, acc_0_0));
+            _mm256_storeu_ps(&c[c_rs], _mm256_mul_ps(alpha_v, acc_1_0));
+            _mm256_storeu_ps(&c[(2 * c_rs)], _mm256_mul_ps(alpha_v, acc_2_0));
+            _mm256_storeu_ps(&c[(3 * c_rs)], _mm256_mul_ps(alpha_v, acc_3_0));
+            _mm256_storeu_ps(&c[(4 * c_rs)], _mm256_mul_ps(alpha_v, acc_4_0));
+            _mm256_storeu_ps(&c[(5 * c_rs)], _mm256_mul_ps(alpha_v, acc_5_0));
+        } else {
+            if ((0 < rows)) {
+                _mm256_maskstore_ps(c, _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(cols)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)), _mm256_mul_ps(alpha_v, acc_0_0));
+            }
+            if ((1 < rows)) {
+                _mm256_maskstore_ps(&c[c_rs], _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(cols)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)), _mm256_mul_ps(alpha_v, acc_1_0));
+            }
+            if ((2 < rows)) {
+                _mm256_maskstore_ps(&c[(2 * c_rs)], _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(cols)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)), _mm256_mul_ps(alpha_v, acc_2_0));
+            }
+            if ((3 < rows)) {
+                _mm256_maskstore_ps(&c[(3 * c_rs)], _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(cols)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)), _mm256_mul_ps(alpha_v, acc_3_0));
+            }
+            if ((4 < rows)) {
+                _mm256_maskstore_ps(&c[(4 * c_rs)], _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(cols)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)), _mm256_mul_ps(alpha_v, acc_4_0));
+            }
+            if ((5 < rows)) {
+                _mm256_maskstore_ps(&c[(5 * c_rs)], _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(cols)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)), _mm256_mul_ps(alpha_v, acc_5_0));
+            }
+        }
+    } else {
+        if (((rows == 6) && (cols == 8))) {
+            _mm256_storeu_ps(c, _mm256_fmadd_ps(beta_v, _mm256_loadu_ps(c), _mm256_mul_ps(alpha_v, acc_0_0)));
+            _mm256_storeu_ps(&c[c_rs], _mm256_fmadd_ps(beta_v, _mm256_loadu_ps(&c[c_rs]), _mm256_mul_ps(alpha_v, acc_1_0)));
+            _mm256_storeu_ps(&c[(2 * c_rs)], _mm256_fmadd_ps(beta_v, _mm256_loadu_ps(&c[(2 * c_rs)]), _mm256_mul_ps(alpha_v, acc_2_0)));
+            _mm256_storeu_ps(&c[(3 * c_rs)], _mm256_fmadd_ps(beta_v, _mm256_loadu_ps(&c[(3 * c_rs)]), _mm256_mul_ps(alpha_v, acc_3_0)));
+            _mm256_storeu_ps(&c[(4 * c_rs)], _mm256_fmadd_ps(beta_v, _mm256_loadu_ps(&c[(4 * c_rs)]), _mm256_mul_ps(alpha_v, acc_4_0)));
+            _mm256_storeu_ps(&c[(5 * c_rs)], _mm256_fmadd_ps(beta_v, _mm256_loadu_ps(&c[(5 * c_rs)]), _mm256_mul_ps(alpha_v, acc_5_0)));
+        } else {
+            if ((0 < rows)) {
+                _mm256_maskstore_ps(c, _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(cols)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)), _mm256_fmadd_ps(beta_v, _mm256_maskload_ps(c, _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(cols)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7))), _mm256_mul_ps(alpha_v, acc_0_0)));
+            }
+            if ((1 < rows)) {
+                _mm256_maskstore_ps(&c[c_rs], _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(cols)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)), _mm256_fmadd_ps(beta_v, _mm256_maskload_ps(&c[c_rs], _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(cols)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7))), _mm256_mul_ps(alpha_v, acc_1_0)));
+            }
+            if ((2 < rows)) {
+                _mm256_maskstore_ps(&c[(2 * c_rs)], _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(cols)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)), _mm256_fmadd_ps(beta_v, _mm256_maskload_ps(&c[(2 * c_rs)], _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(cols)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7))), _mm256_mul_ps(alpha_v, acc_2_0)));
+            }
+            if ((3 < rows)) {
+                _mm256_maskstore_ps(&c[(3 * c_rs)], _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(cols)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)), _mm256_fmadd_ps(beta_v, _mm256_maskload_ps(&c[(3 * c_rs)], _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(cols)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7))), _mm256_mul_ps(alpha_v, acc_3_0)));
+            }
+            if ((4 < rows)) {
+                _mm256_maskstore_ps(&c[(4 * c_rs)], _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(cols)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)), _mm256_fmadd_ps(beta_v, _mm256_maskload_ps(&c[(4 * c_rs)], _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(cols)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7))), _mm256_mul_ps(alpha_v, acc_4_0)));
+            }
+            if ((5 < rows)) {
+                _mm256_maskstore_ps(&c[(5 * c_rs)], _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(cols)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)), _mm256_fmadd_ps(beta_v, _mm256_maskload_ps(&c[(5 * c_rs)], _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(cols)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7))), _mm256_mul_ps(alpha_v, acc_5_0)));
+            }
+        }
+    }
+}
+
 BLACC_NOINLINE static void kernel_micro(int64_t kc, const float *restrict a, const float *restrict b, float *restrict c, int64_t c_rs, int64_t rows, int64_t cols, float alpha, float beta) {
     __m256 acc_0_0 = _mm256_set1_ps(0.0f);
     __m256 acc_0_1 = _mm256_set1_ps(0.0f);
@@ -727,7 +878,11 @@ int kernel(int64_t m, int64_t n, int64_t k, float alpha, const float *restrict A
                     int64_t j3_len = (16 < (j0_len - j3) ? 16 : (j0_len - j3));
                     for (int64_t i4 = 0; i4 < i2_len; i4 += 6) {
                         int64_t i4_len = (6 < (i2_len - i4) ? 6 : (i2_len - i4));
-                        kernel_micro(k1_len, &Ap[(i4 * k1_len)], &Bp[(j3 * k1_len)], &C[(((i2 + i4) * C_s0) + (j0 + j3))], C_s0, i4_len, j3_len, alpha, ((k1 == 0) ? beta : 1.0f));
+                        if ((j3_len <= 8)) {
+                            kernel_micro8(k1_len, &Ap[(i4 * k1_len)], &Bp[(j3 * k1_len)], &C[(((i2 + i4) * C_s0) + (j0 + j3))], C_s0, i4_len, j3_len, alpha, ((k1 == 0) ? beta : 1.0f));
+                        } else {
+                            kernel_micro(k1_len, &Ap[(i4 * k1_len)], &Bp[(j3 * k1_len)], &C[(((i2 + i4) * C_s0) + (j0 + j3))], C_s0, i4_len, j3_len, alpha, ((k1 == 0) ? beta : 1.0f));
+                        }
                     }
                 }
             }

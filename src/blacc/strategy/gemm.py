@@ -13,16 +13,26 @@ from ..ir.dtypes import itemsize
 from ..target.blocking import blis_blocking
 from ..target.isa import Isa
 from ..target.machine import DEFAULT_CACHES, Machine
-from ..transform.schedule import Pack, Prefetch, Schedule, Tile, UnrollJam, Vectorize
+from ..transform.schedule import (
+    NarrowEdges,
+    Pack,
+    Prefetch,
+    Schedule,
+    Tile,
+    UnrollJam,
+    Vectorize,
+)
 
 
 def blis(mc: int, kc: int, nc: int, mr: int, nr: int, ku: int, lanes: int = 1, *,
-         prefetch_a: int = 0, prefetch_b: int = 0, balanced: bool = True) -> Schedule:
+         prefetch_a: int = 0, prefetch_b: int = 0, balanced: bool = True,
+         narrow_edges: bool = True) -> Schedule:
     """jc (nc) / pc (kc) / pack B / ic (mc) / pack A / jr (nr) / ir (mr) / micro-kernel.
 
     The kc blocks are balanced unless ``balanced=False`` (k = 330 with kc = 320 runs
     165 + 165, not 320 + 10): every block pays for reading and writing C around it, which a
-    short one cannot hide."""
+    short one cannot hide. With vectors, the last column tile is only as many vectors
+    wide as it needs unless ``narrow_edges=False`` (``NarrowEdges``)."""
     return (
         Tile((("j", nc),)),
         Tile((("k", kc),), balanced=balanced),
@@ -32,6 +42,7 @@ def blis(mc: int, kc: int, nc: int, mr: int, nr: int, ku: int, lanes: int = 1, *
         Tile((("j", nr), ("i", mr))),
         UnrollJam("k", ku),
         *((Vectorize("j", lanes),) if lanes > 1 else ()),
+        *((NarrowEdges("j"),) if lanes > 1 and narrow_edges else ()),
         *((Prefetch("A", prefetch_a),) if prefetch_a else ()),
         *((Prefetch("B", prefetch_b),) if prefetch_b else ()),
     )

@@ -18,7 +18,7 @@ from ..errors import ScheduleError
 from ..ir import kernel as k
 from ..ir.structured import Contraction
 from ..ir.walk import names_used, rewrite, simplify, substitute
-from .schedule import Pack, Prefetch, Schedule, Tile, UnrollJam, Vectorize
+from .schedule import NarrowEdges, Pack, Prefetch, Schedule, Tile, UnrollJam, Vectorize
 
 
 @dataclass(frozen=True)
@@ -66,6 +66,7 @@ class _Plan:
     prefetch: dict[str, int]  # operand -> distance
     vector_dim: str = "j"  # the dimension on the lanes: the output's columns, or k
     balanced: set[int] = field(default_factory=set)  # depths of loops with equal tiles
+    narrow_edges: bool = False
 
 
 def _read_schedule(op: Contraction, r: _Roles, schedule: Schedule) -> _Plan:
@@ -105,6 +106,11 @@ def _read_schedule(op: Contraction, r: _Roles, schedule: Schedule) -> _Plan:
             if t.operand not in (r.left, r.right):
                 raise ScheduleError(f"Prefetch: {t.operand!r} is not an input of {op.name}")
             plan.prefetch[t.operand] = t.distance
+        elif isinstance(t, NarrowEdges):
+            if t.dim != r.j:
+                raise ScheduleError(f"NarrowEdges: only {r.j!r}, the output's vectorized "
+                                    f"columns, has edge tiles of whole vectors, not {t.dim!r}")
+            plan.narrow_edges = True
         else:
             raise ScheduleError(f"unknown transformation {t!r}")
     return plan
@@ -138,6 +144,9 @@ def _check(plan: _Plan, r: _Roles) -> tuple[int, int]:
     if plan.vector_dim == "j" and nr % plan.lanes:
         raise ScheduleError(f"Vectorize: {plan.lanes} lanes do not divide the register "
                             f"tile's {r.j}={nr}")
+    if plan.narrow_edges and (plan.vector_dim != "j" or plan.lanes == 1):
+        raise ScheduleError(f"NarrowEdges({r.j!r}) needs {r.j!r} vectorized: its edge tiles "
+                            "are whole vectors")
     if plan.vector_dim == "k" and (plan.packs or plan.prefetch or k_depths):
         raise ScheduleError(f"Vectorize({r.k!r}): a tile of dot products reads its operands "
                             f"in place along the whole reduction: no Pack, Prefetch or Tile "
@@ -246,21 +255,29 @@ def apply(op: Contraction, schedule: Schedule, *, name: str = "kernel",
         k_tiled = any(d == r.k for d, _ in plan.loops)
         beta_now = (k.Select(k.Bin("==", base(r.k), k.Const(0)), beta, k.Const(1.0, dt))
                     if k_tiled else beta)
+        cols = extent[r.j]
         args = (extent[r.k], a, a_rs, a_cs, b, b_rs, b_cs, c, c_rs, c_cs,
-                extent[r.i], extent[r.j], k.Var("alpha", dt), beta_now)
-        return k.Call(f"{name}_micro", args)
+                extent[r.i], cols, k.Var("alpha", dt), beta_now)
+        call: k.Stmt = k.Call(f"{name}_micro", args)
+        for width in reversed(edge_widths):  # the narrowest test outermost
+            call = k.If(k.Bin("<=", cols, k.Const(width)),
+                        (k.Call(f"{name}_micro{width}", args),), (call,))
+        return call
+
+    edge_widths = range(plan.lanes, nr, plan.lanes) if plan.narrow_edges else ()
 
     loops = body_at(0)
     roles = {r.left: "a", r.right: "b"}
     prefetch = tuple(sorted((roles[o], d) for o, d in plan.prefetch.items()))
-    micro = _micro_kernel(f"{name}_micro", dt, mr, nr, plan.unroll, plan.lanes,
-                          padded=len(plan.packs) == 2, prefetch=prefetch,
-                          along=plan.vector_dim)
+    micros = [_micro_kernel(f"{name}_micro{'' if width == nr else width}", dt, mr, width,
+                            plan.unroll, plan.lanes, padded=len(plan.packs) == 2,
+                            prefetch=prefetch, along=plan.vector_dim)
+              for width in (*edge_widths, nr)]
     body = (*allocs, *loops, *frees)
     if known_strides:
         body = simplify(substitute(body, {s: k.Const(v) for s, v in known_strides.items()}))
     entry = k.Function(name, _entry_params(op), body, exported=True)
-    module = k.Module((_specialize_calls(micro, entry), entry), entry=name)
+    module = k.Module((*(_specialize_calls(m, entry) for m in micros), entry), entry=name)
     return _inline_constant_args(module)
 
 

@@ -101,10 +101,21 @@ class Prefetch:
                                 f"{self.distance!r}")
 
 
-Transform = Tile | Pack | UnrollJam | Vectorize | Prefetch
+@dataclass(frozen=True)
+class NarrowEdges:
+    """At the last, partial tile of ``dim`` (the vectorized columns of the output), call
+    a register tile only as many vectors wide as the columns left need, not the full tile
+    over padding: C 80 columns wide in tiles of 64 then computes 64 + 16 columns, not
+    64 + 64."""
+
+    dim: str
+
+
+Transform = Tile | Pack | UnrollJam | Vectorize | Prefetch | NarrowEdges
 Schedule = tuple[Transform, ...]
 
-_KINDS = {cls.__name__: cls for cls in (Tile, Pack, UnrollJam, Vectorize, Prefetch)}
+_KINDS = {cls.__name__: cls
+          for cls in (Tile, Pack, UnrollJam, Vectorize, Prefetch, NarrowEdges)}
 
 
 def to_json(schedule: Schedule) -> str:
