@@ -9,19 +9,24 @@ single thread, medians of samples of at least 50 ms (blacc.bench.timing):
 Keys of a candidate: mc, kc, nc, mr, nr, ku, pfa, pfb (prefetch distances of A and B in k
 steps; 0 = none), bal (1: k blocks of equal length, the default; 0: kc-long blocks and a
 shorter last one), edges (1: the last column tile only as wide as it needs, the default;
-0: the full tile over padding); unspecified keys take the machine model's values.
+0: the full tile over padding), place (1: register tiles mr x nr over the operands in
+place, no packing, with mr, nr, ku and edges; 0: packed, the default); unspecified keys
+take the machine model's values. Kernels are called through blacc's CPython extension
+where it builds (ctypes otherwise), as blacc.gemm calls them.
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
 
 import numpy as np
 
 from blacc.bench.gemm import parse_shape
 from blacc.bench.timing import measure_interleaved, single_thread
 from blacc.runtime.gemm import gemm_kernel, host_target
-from blacc.strategy.gemm import Plan, blis, choose, packed_tile
+from blacc.runtime.gemmcall import gemm_caller
+from blacc.strategy.gemm import Plan, blis, choose, no_packing, packed_tile
 
 
 def candidate_plan(text: str, dtype: str, shape: tuple[int, int, int]) -> Plan:
@@ -30,17 +35,21 @@ def candidate_plan(text: str, dtype: str, shape: tuple[int, int, int]) -> Plan:
     mr, nr, lanes = packed_tile(dtype, tgt.isa)
     values = {"mc": base.get("mc", 144), "kc": base.get("kc", 256),
               "nc": base.get("nc", 4080), "ku": 4, "pfa": 0, "pfb": 0, "mr": mr, "nr": nr, "bal": 1,
-              "edges": 1}
+              "edges": 1, "place": 0}
     for item in filter(None, text.split(",")):
         key, _, value = item.partition("=")
         if key not in values:
             raise SystemExit(f"unknown candidate key {key!r} in {text!r}")
         values[key] = int(value)
     v = values
+    params = tuple(sorted(v.items()))
+    if v["place"]:
+        schedule = no_packing(v["mr"], v["nr"], v["ku"], lanes, narrow_edges=bool(v["edges"]))
+        strides = (("B_s1", 1), ("C_s1", 1)) if lanes > 1 else (("C_s1", 1),)
+        return Plan("no_packing", params, schedule, strides)
     schedule = blis(v["mc"], v["kc"], v["nc"], v["mr"], v["nr"], v["ku"], lanes,
                     prefetch_a=v["pfa"], prefetch_b=v["pfb"], balanced=bool(v["bal"]),
                     narrow_edges=bool(v["edges"]))
-    params = tuple(sorted(v.items()))
     return Plan("blis", params, schedule, (("C_s1", 1),))
 
 
@@ -60,15 +69,21 @@ def main() -> None:
     b = rng.uniform(-1, 1, (k, n)).astype(npdt)
     c = np.zeros((m, n), npdt)
     isa = host_target().isa
+    extension = (gemm_caller() or {}).get(args.dtype)
     fns = {}
     backends = args.backend or ["c"]
     for text in args.cand or [""]:
         for backend in backends:
             plan = candidate_plan(text, args.dtype, args.shape)
             fn = gemm_kernel(args.dtype, plan, isa, backend).native
+            address = ctypes.cast(fn.function, ctypes.c_void_p).value
 
-            def call(fn=fn) -> None:
-                fn(m, n, k, 1.0, a.ctypes.data, k, 1, b.ctypes.data, n, 1, 0.0, c.ctypes.data, n, 1)
+            def call(fn=fn, address=address) -> None:
+                if extension is not None:  # sized kernels (m, n, k are arguments)
+                    extension(address, True, 1.0, a, b, 0.0, c)
+                else:
+                    fn(m, n, k, 1.0, a.ctypes.data, k, 1, b.ctypes.data, n, 1, 0.0,
+                       c.ctypes.data, n, 1)
 
             label = text or "model"
             fns[label if len(backends) == 1 else f"{label} [{backend}]"] = call

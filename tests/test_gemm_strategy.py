@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from blacc.strategy.gemm import (
     FEW_ROWS,
+    IN_PLACE_ROW_TOLERANCE,
     LONG_K,
     PADDING_TOLERANCE,
     SKINNY_ROWS,
@@ -17,8 +18,9 @@ from blacc.strategy.gemm import (
     choose,
     register_tile,
 )
-from blacc.target.isa import AVX2, GENERIC
+from blacc.target.isa import AVX2, AVX512, GENERIC
 from blacc.target.machine import DEFAULT_CACHES, Machine
+from blacc.transform.schedule import NarrowEdges
 
 #: L2 256 KiB: operands of up to 128 KiB count as fitting in half of it
 MACHINE = Machine("test", "x86_64", caches=DEFAULT_CACHES)
@@ -125,3 +127,32 @@ def test_in_place_needs_unit_stride_rows_of_b():
     for shape in [(1000, 8, 1000), (8, 1000, 1000), (20, 20, 20)]:
         assert _plan(*shape, b_unit_cols=False).strategy == "blis"
     assert 20 * 20 * 20 <= SMALL_WORK
+
+
+@pytest.mark.parametrize(("shape", "dtype", "expected"), [
+    # rows of tiles outside, C at least one wide tile wide: 9 x 3 vectors where its rows
+    # fit m within IN_PLACE_ROW_TOLERANCE of the best, else 6 x 4; narrow edge tiles
+    ((80, 80, 80), "f32", "no_packing(mr=9, nr=48, ku=4, j_outer=0, edges=1)"),
+    ((64, 64, 64), "f32", "no_packing(mr=6, nr=64, ku=4, j_outer=0, edges=1)"),  # 72 vs 66 rows
+    ((30, 300, 100), "f64", "no_packing(mr=6, nr=32, ku=4, j_outer=0, edges=1)"),
+    ((100, 24, 100), "f64", "no_packing(mr=9, nr=24, ku=4, j_outer=0, edges=1)"),  # 6 x 4 too wide
+    ((224, 224, 224), "f32", "no_packing(mr=9, nr=48, ku=4, j_outer=0, edges=1)"),
+    # narrower than every wide tile, or columns of tiles outside: the fitted tiles
+    ((1000, 8, 1000), "f32", "no_packing(mr=8, nr=16, ku=4, j_outer=0)"),
+    ((8, 1000, 1000), "f32", "no_packing(mr=9, nr=48, ku=4, j_outer=1)"),
+])
+def test_avx512_runs_its_wide_tiles_in_place_up_to_its_work_limit(shape, dtype, expected):
+    assert AVX512.in_place_work == 224**3 and AVX512.in_place_tiles == ((9, 3), (6, 4))
+    plan = choose(*shape, dtype, machine=MACHINE, isa=AVX512, b_unit_cols=True)
+    assert plan.describe() == expected
+    assert (NarrowEdges("j") in plan.schedule) == ("edges=1" in expected)
+    assert 0 < IN_PLACE_ROW_TOLERANCE < PADDING_TOLERANCE
+
+
+@pytest.mark.parametrize("dtype", ["f32", "f64"])
+def test_past_its_work_limit_avx512_packs_and_avx2_keeps_its_rules(dtype):
+    assert choose(225, 225, 225, dtype, machine=MACHINE, isa=AVX512,
+                  b_unit_cols=True).strategy == "blis"
+    assert choose(80, 80, 80, dtype, machine=MACHINE, isa=AVX2,
+                  b_unit_cols=True).strategy == "blis"
+    assert AVX2.in_place_work is None and AVX2.in_place_tiles is None

@@ -101,9 +101,10 @@ def _runnable() -> list[str]:
     return [name for name, isa in ISAS.items() if machine.has(*isa.requires)]
 
 
-# shapes taking each kind of plan (packed; in place, both loop orders; dot products),
-# none a multiple of any tile
-ISA_SHAPES = [(97, 131, 203), (131, 13, 257), (7, 999, 300), (37, 1, 301), (1, 45, 3)]
+# shapes taking each kind of plan (packed; in place, both loop orders and the ISA's wide
+# tiles; dot products), none a multiple of any tile
+ISA_SHAPES = [(297, 331, 203), (97, 131, 203), (131, 13, 257), (7, 999, 300), (37, 1, 301),
+              (1, 45, 3)]
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -125,7 +126,7 @@ def test_gemm_of_every_runnable_isa_against_guards(name, dtype, backend, rng,
                 ISA_SHAPES, SIDES, itertools.product((False, True), repeat=2), (0.0, 0.75)):
             _gemm_on_guarded(assert_gemm_close, seed, shape, dtype,
                              {op: (side, "C") for op in "ABC"}, trans_a, trans_b, beta)
-        assert blacc.explain(m=97, n=131, k=203, dtype=np.dtype(dtype)).plan.strategy == "blis"
+        assert blacc.explain(m=297, n=331, k=203, dtype=np.dtype(dtype)).plan.strategy == "blis"
 
     run_isolated(body, timeout=600)
 

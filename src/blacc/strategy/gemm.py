@@ -48,17 +48,19 @@ def blis(mc: int, kc: int, nc: int, mr: int, nr: int, ku: int, lanes: int = 1, *
     )
 
 
-def no_packing(mr: int, nr: int, ku: int, lanes: int = 1, *, j_outer: bool = False
-               ) -> Schedule:
+def no_packing(mr: int, nr: int, ku: int, lanes: int = 1, *, j_outer: bool = False,
+               narrow_edges: bool = False) -> Schedule:
     """Register tiles straight over the operands: no copies, for problems whose reused
     operand sits in cache. Rows of tiles outside (each row of A read once, B again for
     each) or, with ``j_outer``, columns of tiles outside (each column panel of B read
-    once, A again for each)."""
+    once, A again for each). ``narrow_edges``: the last column tile only as many vectors
+    wide as it needs (``NarrowEdges``)."""
     tiles = (("j", nr), ("i", mr)) if j_outer else (("i", mr), ("j", nr))
     return (
         Tile(tiles),
         UnrollJam("k", ku),
         *((Vectorize("j", lanes),) if lanes > 1 else ()),
+        *((NarrowEdges("j"),) if lanes > 1 and narrow_edges else ()),
     )
 
 
@@ -206,9 +208,32 @@ def choose(m: int, n: int, k: int, dtype: str, *, machine: Machine, isa: Isa,
         j_outer = _in_place_order(m, n, k, size, nr, machine)
         if m * n * k <= SMALL_WORK:
             j_outer = bool(j_outer)
+        if j_outer is None and isa.in_place_work is not None and m * n * k <= isa.in_place_work:
+            j_outer = False
         if j_outer is not None:
-            return _tiling(*register_tile(dtype, isa, m, n)[:2], ku, lanes, j_outer)
+            return _in_place_plan(dtype, isa, m, n, ku, j_outer)
     return _blis_plan(dtype, isa, machine, ku)
+
+
+#: How many more rows of C (in whole tiles) an ISA's in-place tile may compute than the
+#: one that fits m best and still be taken for coming first (``Isa.in_place_tiles``).
+IN_PLACE_ROW_TOLERANCE = 0.05
+
+
+def _in_place_plan(dtype: str, isa: Isa, m: int, n: int, ku: int, j_outer: bool) -> Plan:
+    """Register tiles over the operands in place: with rows of tiles outside and C at
+    least as wide as one of the ISA's ``in_place_tiles``, the first of those whose rows
+    fit m within ``IN_PLACE_ROW_TOLERANCE``, with narrow edge tiles; otherwise
+    ``register_tile``'s tile fitted to m and n."""
+    lanes = isa.lanes(dtype)
+    wide = [(r, v) for r, v in isa.in_place_tiles or () if v * lanes <= n]
+    if j_outer or not wide or lanes == 1:
+        mr, nr, _ = register_tile(dtype, isa, m, n)
+        return _tiling(mr, nr, ku, lanes, j_outer)
+    least = min(-(-m // r) * r for r, _ in wide)
+    mr, nv = next((r, v) for r, v in wide
+                  if -(-m // r) * r <= (1 + IN_PLACE_ROW_TOLERANCE) * least)
+    return _tiling(mr, nv * lanes, ku, lanes, j_outer, narrow_edges=True)
 
 
 #: Rows of a tile of dot products (one column): accumulators enough to cover the FMA
@@ -228,10 +253,14 @@ def dot_tiles(lanes: int) -> Plan:
     return Plan("dot_tiles", params, schedule, (("A_s1", 1), ("B_s0", 1)))
 
 
-def _tiling(mr: int, nr: int, ku: int, lanes: int, j_outer: bool) -> Plan:
+def _tiling(mr: int, nr: int, ku: int, lanes: int, j_outer: bool, *,
+            narrow_edges: bool = False) -> Plan:
     strides = (("B_s1", 1), ("C_s1", 1)) if lanes > 1 else (("C_s1", 1),)
-    return Plan("no_packing", (("mr", mr), ("nr", nr), ("ku", ku), ("j_outer", int(j_outer))),
-                no_packing(mr, nr, ku, lanes, j_outer=j_outer), strides)
+    params = (("mr", mr), ("nr", nr), ("ku", ku), ("j_outer", int(j_outer)),
+              *((("edges", 1),) if narrow_edges else ()))
+    return Plan("no_packing", params,
+                no_packing(mr, nr, ku, lanes, j_outer=j_outer, narrow_edges=narrow_edges),
+                strides)
 
 
 def plan_for(strategy: str, m: int, n: int, k: int, dtype: str, *, machine: Machine, isa: Isa,
@@ -253,7 +282,7 @@ def plan_for(strategy: str, m: int, n: int, k: int, dtype: str, *, machine: Mach
             raise ScheduleError("strategy 'tiling' reads B in place and needs its rows "
                                 "contiguous (unit column stride)")
         j_outer = bool(_in_place_order(m, n, k, size, nr, machine))
-        return _tiling(*register_tile(dtype, isa, m, n)[:2], 4, lanes, j_outer)
+        return _in_place_plan(dtype, isa, m, n, 4, j_outer)
     if not (a_unit_cols and b_unit_cols):
         raise ScheduleError(f"strategy {strategy!r} needs A and B with contiguous rows")
     if strategy == "intrinsic":

@@ -47,6 +47,12 @@ class Isa:
     #: (``target.blocking``). None: the model's.
     gemm_tile: tuple[int, int] | None = None
     gemm_kc: int | None = None
+    #: Register tiles as (rows, vectors), in order of preference, that run over the
+    #: operands in place (no packing) with narrow edge tiles (``NarrowEdges``), and the
+    #: largest m*n*k that runs so rather than packed, where measurement beat the model's
+    #: choice (``strategy.gemm.choose``). None: the model's.
+    in_place_tiles: tuple[tuple[int, int], ...] | None = None
+    in_place_work: int | None = None
     #: Masked moves take a mask register and are one fast instruction (AVX-512), not
     #: AVX2's vmaskmov, whose stores are microcoded on AMD cores.
     mask_registers: bool = False
@@ -394,6 +400,12 @@ AVX512 = Isa(
     # 224, f64 88 against 80 (docs/blocking.md, "AVX-512")
     gemm_tile=(6, 4),
     gemm_kc=384,
+    # In place, 9 x 3 and 6 x 4 vectors with narrow edges beat both the packed plan and
+    # the narrow in-place tiles up to about 224^3 on the Xeon: 80^3 f32 151 GFLOPS against
+    # 104 packed (NumPy 128), 200^3 f64 96 against 84; at 256^3 f32 packing wins (179
+    # against 171). Measured with benchmarks/tune_gemm.py's in-place candidates.
+    in_place_tiles=((9, 3), (6, 4)),
+    in_place_work=224**3,
     mask_registers=True,
     requires=("avx512f", "avx512dq", "avx512vl", "avx2", "fma"),
 )
