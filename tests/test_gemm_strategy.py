@@ -156,3 +156,15 @@ def test_past_its_work_limit_avx512_packs_and_avx2_keeps_its_rules(dtype):
     assert choose(80, 80, 80, dtype, machine=MACHINE, isa=AVX2,
                   b_unit_cols=True).strategy == "blis"
     assert AVX2.in_place_work is None and AVX2.in_place_tiles is None
+
+
+@pytest.mark.parametrize(("dtype", "widest"), [("f32", 64), ("f64", 32)])
+def test_avx512_counts_c_narrow_next_to_its_widest_in_place_tile(dtype, widest):
+    """Rows of tiles outside for C up to two of the widest in-place tiles wide with B in
+    half of L2 (128 KiB here: k = 200), whatever m*n*k; one column more is packed."""
+    def plan(n):
+        return choose(1000, n, 200, dtype, machine=MACHINE, isa=AVX512, b_unit_cols=True)
+
+    assert plan(2 * widest).describe().endswith("j_outer=0, edges=1)")
+    assert plan(2 * widest + 1).strategy == "blis"
+    assert 1000 * 2 * widest * 200 > AVX512.in_place_work

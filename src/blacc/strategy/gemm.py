@@ -205,7 +205,9 @@ def choose(m: int, n: int, k: int, dtype: str, *, machine: Machine, isa: Isa,
     if n == 1 and lanes > 1 and a_unit_cols and b_unit_rows:
         return dot_tiles(lanes)
     if b_unit_cols or lanes == 1:
-        j_outer = _in_place_order(m, n, k, size, nr, machine)
+        # C is narrow next to the widest tile that runs in place
+        widest = max((v * lanes for _, v in isa.in_place_tiles or ()), default=nr)
+        j_outer = _in_place_order(m, n, k, size, max(nr, widest), machine)
         if m * n * k <= SMALL_WORK:
             j_outer = bool(j_outer)
         if j_outer is None and isa.in_place_work is not None and m * n * k <= isa.in_place_work:
