@@ -10,7 +10,8 @@ Keys of a candidate: mc, kc, nc, mr, nr, ku, pfa, pfb (prefetch distances of A a
 steps; 0 = none), bal (1: k blocks of equal length, the default; 0: kc-long blocks and a
 shorter last one), edges (1: the last column tile only as wide as it needs, the default;
 0: the full tile over padding), place (1: register tiles mr x nr over the operands in
-place, no packing, with mr, nr, ku and edges; 0: packed, the default); unspecified keys
+place, no packing, with mr, nr, ku, edges and jo, 1 for columns of tiles outside; 0:
+packed, the default); unspecified keys
 take the machine model's values. Kernels are called through blacc's CPython extension
 where it builds (ctypes otherwise), as blacc.gemm calls them.
 """
@@ -35,7 +36,7 @@ def candidate_plan(text: str, dtype: str, shape: tuple[int, int, int]) -> Plan:
     mr, nr, lanes = packed_tile(dtype, tgt.isa)
     values = {"mc": base.get("mc", 144), "kc": base.get("kc", 256),
               "nc": base.get("nc", 4080), "ku": 4, "pfa": 0, "pfb": 0, "mr": mr, "nr": nr, "bal": 1,
-              "edges": 1, "place": 0}
+              "edges": 1, "place": 0, "jo": 0}
     for item in filter(None, text.split(",")):
         key, _, value = item.partition("=")
         if key not in values:
@@ -44,7 +45,8 @@ def candidate_plan(text: str, dtype: str, shape: tuple[int, int, int]) -> Plan:
     v = values
     params = tuple(sorted(v.items()))
     if v["place"]:
-        schedule = no_packing(v["mr"], v["nr"], v["ku"], lanes, narrow_edges=bool(v["edges"]))
+        schedule = no_packing(v["mr"], v["nr"], v["ku"], lanes, j_outer=bool(v["jo"]),
+                              narrow_edges=bool(v["edges"]))
         strides = (("B_s1", 1), ("C_s1", 1)) if lanes > 1 else (("C_s1", 1),)
         return Plan("no_packing", params, schedule, strides)
     schedule = blis(v["mc"], v["kc"], v["nc"], v["mr"], v["nr"], v["ku"], lanes,

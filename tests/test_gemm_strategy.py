@@ -137,9 +137,12 @@ def test_in_place_needs_unit_stride_rows_of_b():
     ((30, 300, 100), "f64", "no_packing(mr=6, nr=32, ku=4, j_outer=0, edges=1)"),
     ((100, 24, 100), "f64", "no_packing(mr=9, nr=24, ku=4, j_outer=0, edges=1)"),  # 6 x 4 too wide
     ((224, 224, 224), "f32", "no_packing(mr=9, nr=48, ku=4, j_outer=0, edges=1)"),
-    # narrower than every wide tile, or columns of tiles outside: the fitted tiles
+    # columns of tiles outside: the widest first (16 rows: 18 either way)
+    ((16, 1000, 1000), "f32", "no_packing(mr=6, nr=64, ku=4, j_outer=1, edges=1)"),
+    ((8, 1000, 1000), "f32", "no_packing(mr=9, nr=48, ku=4, j_outer=1, edges=1)"),  # 12 vs 9
+    # narrower than every wide tile, or one row: the fitted tiles
     ((1000, 8, 1000), "f32", "no_packing(mr=8, nr=16, ku=4, j_outer=0)"),
-    ((8, 1000, 1000), "f32", "no_packing(mr=9, nr=48, ku=4, j_outer=1)"),
+    ((1, 1000, 1000), "f64", "no_packing(mr=1, nr=120, ku=4, j_outer=1)"),
 ])
 def test_avx512_runs_its_wide_tiles_in_place_up_to_its_work_limit(shape, dtype, expected):
     assert AVX512.in_place_work == 224**3 and AVX512.in_place_tiles == ((9, 3), (6, 4))

@@ -372,16 +372,16 @@ def _in_place_cases(dtype: str) -> list[tuple[tuple[int, int, int], str]]:
         return (f"no_packing(mr={mr}, nr={vectors * lanes}, ku=4, j_outer={j_outer}"
                 f"{', edges=1' if edges else ''})")
 
+    wide = bool(isa.in_place_tiles)  # an ISA's wide tiles take C at least that wide
     cases = [
         ((131, lanes, 257), tiling(rows1, 1, 0)),
-        # as wide as an ISA's in-place tile of 3 vectors: that one, with narrow edges
-        ((101, 3 * lanes, 300), tiling(rows3, 3, 0, (rows3, 3) in (isa.in_place_tiles or ()))),
-        ((rows2, 1000, 300), tiling(rows2, 2, 1)),
-        ((m3, 999, 300), tiling(rows3, 3, 1)),
-        ((3, 1001, 300), tiling(1, widest, 1)),
+        ((101, 3 * lanes, 300), tiling(rows3, 3, 0, wide)),
+        ((rows2, 1000, 300), tiling(6, 4, 1, True) if wide else tiling(rows2, 2, 1)),
+        ((m3, 999, 300), tiling(rows3, 3, 1, wide)),
+        ((1 if wide else 3, 1001, 300), tiling(1, widest, 1)),
         ((37, 1, 301), "dot_tiles(mr=8, nr=1, ku=2)"),
     ]
-    if isa.in_place_tiles:  # the last of them where its rows fit m best, narrow edge 1 + 3
+    if wide:  # the last of them where its rows fit m best, narrow edge 1 + 3
         rows, vectors = isa.in_place_tiles[-1]
         cases.append(((5 * rows, (vectors + 1) * lanes + 3, 100), tiling(rows, vectors, 0, True)))
     return cases
