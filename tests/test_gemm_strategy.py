@@ -13,6 +13,7 @@ from blacc.strategy.gemm import (
     IN_PLACE_ROW_TOLERANCE,
     LONG_K,
     PADDING_TOLERANCE,
+    ROW_KC,
     SKINNY_ROWS,
     SMALL_WORK,
     choose,
@@ -20,7 +21,7 @@ from blacc.strategy.gemm import (
 )
 from blacc.target.isa import AVX2, AVX512, GENERIC
 from blacc.target.machine import DEFAULT_CACHES, Machine
-from blacc.transform.schedule import NarrowEdges
+from blacc.transform.schedule import NarrowEdges, Tile
 
 #: L2 256 KiB: operands of up to 128 KiB count as fitting in half of it
 MACHINE = Machine("test", "x86_64", caches=DEFAULT_CACHES)
@@ -80,7 +81,7 @@ def _plan(m, n, k, dtype="f32", b_unit_cols=True):
     ((8, 1000, 1000), "f32", "no_packing(mr=4, nr=24, ku=4, j_outer=1)"),
     ((SKINNY_ROWS, 1000, 500), "f32", "no_packing(mr=6, nr=16, ku=4, j_outer=1)"),
     # at most FEW_ROWS rows: in place whatever k and B
-    ((1, 1000, 1000), "f32", "no_packing(mr=1, nr=56, ku=4, j_outer=1)"),
+    ((1, 1000, 1000), "f32", "no_packing(mr=1, nr=56, ku=4, j_outer=1, kc=32)"),
     ((4, 1000, 64), "f64", "no_packing(mr=4, nr=12, ku=4, j_outer=1)"),
     ((FEW_ROWS, 1000, 64), "f32", "no_packing(mr=6, nr=16, ku=4, j_outer=1)"),
     # small products are never packed
@@ -142,7 +143,7 @@ def test_in_place_needs_unit_stride_rows_of_b():
     ((8, 1000, 1000), "f32", "no_packing(mr=9, nr=48, ku=4, j_outer=1, edges=1)"),  # 12 vs 9
     # narrower than every wide tile, or one row: the fitted tiles
     ((1000, 8, 1000), "f32", "no_packing(mr=8, nr=16, ku=4, j_outer=0)"),
-    ((1, 1000, 1000), "f64", "no_packing(mr=1, nr=120, ku=4, j_outer=1)"),
+    ((1, 1000, 1000), "f64", "no_packing(mr=1, nr=120, ku=4, j_outer=1, kc=32)"),
 ])
 def test_avx512_runs_its_wide_tiles_in_place_up_to_its_work_limit(shape, dtype, expected):
     assert AVX512.in_place_work == 224**3 and AVX512.in_place_tiles == ((9, 3), (6, 4))
@@ -171,3 +172,15 @@ def test_avx512_counts_c_narrow_next_to_its_widest_in_place_tile(dtype, widest):
     assert plan(2 * widest).describe().endswith("j_outer=0, edges=1)")
     assert plan(2 * widest + 1).strategy == "blis"
     assert 1000 * 2 * widest * 200 > AVX512.in_place_work
+
+
+def test_row_tiles_read_b_in_blocks_of_whole_rows():
+    """The row tile (1 x widest) with columns of tiles outside: the reduction in blocks of
+    ROW_KC outside the tiles; other tiles run the whole reduction."""
+    for m in (1, 3):
+        plan = choose(m, 1000, 1000, "f32", machine=MACHINE, isa=AVX2, b_unit_cols=True)
+        assert dict(plan.params)["mr"] == 1
+        assert plan.schedule[0] == Tile((("k", ROW_KC),), balanced=True)
+    four = choose(4, 1000, 1000, "f32", machine=MACHINE, isa=AVX2, b_unit_cols=True)
+    assert dict(four.params)["mr"] == 4
+    assert not any(isinstance(t, Tile) and t.sizes[0][0] == "k" for t in four.schedule)

@@ -20,7 +20,7 @@ import pytest
 import blacc
 from blacc.ir.dtypes import float_type_of
 from blacc.runtime.gemm import host_target
-from blacc.strategy.gemm import FEW_ROWS, tile_shapes
+from blacc.strategy.gemm import FEW_ROWS, ROW_KC, tile_shapes
 from conftest import DTYPES
 from guard import (
     PAGE,
@@ -368,9 +368,9 @@ def _in_place_cases(dtype: str) -> list[tuple[tuple[int, int, int], str]]:
     (_, rows2), (_, rows3), (_, rows1), (widest, _) = tile_shapes(isa)
     m3 = 2 * rows3 if 2 * rows3 <= FEW_ROWS else rows3  # two row tiles where they fit
 
-    def tiling(mr: int, vectors: int, j_outer: int, edges: bool = False) -> str:
+    def tiling(mr: int, vectors: int, j_outer: int, edges: bool = False, kc: int = 0) -> str:
         return (f"no_packing(mr={mr}, nr={vectors * lanes}, ku=4, j_outer={j_outer}"
-                f"{', edges=1' if edges else ''})")
+                f"{', edges=1' if edges else ''}{f', kc={kc}' if kc else ''})")
 
     wide = bool(isa.in_place_tiles)  # an ISA's wide tiles take C at least that wide
     cases = [
@@ -378,7 +378,7 @@ def _in_place_cases(dtype: str) -> list[tuple[tuple[int, int, int], str]]:
         ((101, 3 * lanes, 300), tiling(rows3, 3, 0, wide)),
         ((rows2, 1000, 300), tiling(6, 4, 1, True) if wide else tiling(rows2, 2, 1)),
         ((m3, 999, 300), tiling(rows3, 3, 1, wide)),
-        ((1 if wide else 3, 1001, 300), tiling(1, widest, 1)),
+        ((1 if wide else 3, 1001, 300), tiling(1, widest, 1, kc=ROW_KC)),
         ((37, 1, 301), "dot_tiles(mr=8, nr=1, ku=2)"),
     ]
     if wide:  # the last of them where its rows fit m best, narrow edge 1 + 3
