@@ -21,7 +21,7 @@ from blacc.strategy.gemm import (
 )
 from blacc.target.isa import AVX2, AVX512, GENERIC
 from blacc.target.machine import DEFAULT_CACHES, Machine
-from blacc.transform.schedule import NarrowEdges, Tile
+from blacc.transform.schedule import NarrowEdges, Tile, Vectorize
 
 #: L2 256 KiB: operands of up to 128 KiB count as fitting in half of it
 MACHINE = Machine("test", "x86_64", caches=DEFAULT_CACHES)
@@ -59,10 +59,12 @@ def test_tile_is_the_widest_within_the_padding_tolerance(m, n, dtype):
     """The chosen tile pads C by at most PADDING_TOLERANCE over the least-padding tile of
     the four, and no tile earlier in the preference order (6x2, 4x3, 8x1, 1x7 vectors)
     does."""
-    lanes = AVX2.lanes(dtype)
+    mr, nr, lanes = register_tile(dtype, AVX2, m, n)
+    # a C exactly one narrow vector wide takes those (test_c_as_wide_as_a_narrow_vector...)
+    assert lanes == (AVX2.narrow[dtype].lanes if n == AVX2.narrow[dtype].lanes
+                     else AVX2.lanes(dtype))
     order = [(6, 2 * lanes), (4, 3 * lanes), (8, lanes), (1, 7 * lanes)]
     least = min(_padded(m, n, *t) for t in order)
-    mr, nr, _ = register_tile(dtype, AVX2, m, n)
     assert _padded(m, n, mr, nr) <= (1 + PADDING_TOLERANCE) * least
     for tile in order[:order.index((mr, nr))]:
         assert _padded(m, n, *tile) > (1 + PADDING_TOLERANCE) * least
@@ -142,7 +144,7 @@ def test_in_place_needs_unit_stride_rows_of_b():
     ((16, 1000, 1000), "f32", "no_packing(mr=6, nr=64, ku=4, j_outer=1, edges=1)"),
     ((8, 1000, 1000), "f32", "no_packing(mr=9, nr=48, ku=4, j_outer=1, edges=1)"),  # 12 vs 9
     # narrower than every wide tile, or one row: the fitted tiles
-    ((1000, 8, 1000), "f32", "no_packing(mr=8, nr=16, ku=4, j_outer=0)"),
+    ((1000, 8, 1000), "f32", "no_packing(mr=8, nr=8, ku=4, j_outer=0)"),  # 256-bit
     ((1, 1000, 1000), "f64", "no_packing(mr=1, nr=120, ku=4, j_outer=1, kc=32)"),
 ])
 def test_avx512_runs_its_wide_tiles_in_place_up_to_its_work_limit(shape, dtype, expected):
@@ -184,3 +186,15 @@ def test_row_tiles_read_b_in_blocks_of_whole_rows():
     four = choose(4, 1000, 1000, "f32", machine=MACHINE, isa=AVX2, b_unit_cols=True)
     assert dict(four.params)["mr"] == 4
     assert not any(isinstance(t, Tile) and t.sizes[0][0] == "k" for t in four.schedule)
+
+
+def test_c_as_wide_as_a_narrow_vector_takes_tiles_of_those():
+    """No masked lanes: 8 columns f32 on AVX-512 in 256-bit vectors, 4 f64 on AVX2 in
+    128-bit ones; narrower C keeps the full vectors (masked)."""
+    assert register_tile("f32", AVX512, 1000, 8) == (8, 8, 8)
+    assert register_tile("f32", AVX512, 1000, 4) == (8, 16, 16)
+    assert register_tile("f64", AVX512, 1000, 4) == (8, 4, 4)
+    assert register_tile("f64", AVX2, 1000, 2) == (8, 2, 2)
+    assert register_tile("f32", AVX512, 1000, 16) == (8, 16, 16)
+    plan = choose(1000, 8, 300, "f32", machine=MACHINE, isa=AVX512, b_unit_cols=True)
+    assert Vectorize("j", 8) in plan.schedule

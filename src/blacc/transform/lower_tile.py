@@ -60,9 +60,10 @@ def _lower_body(body: tuple[k.Stmt, ...], isa: Isa, hint: bool) -> tuple[k.Stmt,
 
 
 def _lanes(tile: k.Tile, isa: Isa) -> int:
-    if tile.lanes > 1 and isa.lanes(tile.dtype) != tile.lanes:
+    if tile.lanes > 1 and isa.vector_type(tile.dtype, tile.lanes) is None:
+        widths = ", ".join(str(w) for w in isa.widths(tile.dtype) if w > 1)
         raise ScheduleError(f"Vectorize: target {isa.name} has no {tile.lanes}-lane "
-                            f"{tile.dtype} vectors (it has {isa.lanes(tile.dtype)})")
+                            f"{tile.dtype} vectors (it has {widths or 'none'})")
     return tile.lanes
 
 
