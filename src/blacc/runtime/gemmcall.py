@@ -301,7 +301,9 @@ static PyObject *fast(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
         Py_RETURN_NONE;
     }
     slot_t s = slots[at];
-    Py_INCREF(s.keep); /* the slot may be replaced while the GIL is released */
+    /* the slot may be replaced while the GIL is released (or by code numpy.empty runs) */
+    Py_INCREF(s.keep);
+    Py_INCREF(s.dtype);
     if (given) {
         Py_INCREF(c);
     } else {
@@ -310,6 +312,7 @@ static PyObject *fast(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
         if (!c || PyObject_GetBuffer(c, &v[2], PyBUF_STRIDES | PyBUF_WRITABLE) != 0) {
             Py_XDECREF(c);
             Py_DECREF(s.keep);
+            Py_DECREF(s.dtype);
             release(v, 2);
             return NULL;
         }
@@ -318,6 +321,7 @@ static PyObject *fast(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
                                  : call_f64_run(v, s.address, s.sized, s.flags, alpha, beta);
     release(v, 3);
     Py_DECREF(s.keep);
+    Py_DECREF(s.dtype);
     if (status == 0) return c;
     Py_DECREF(c);
     if (status == RAISED) return NULL;
