@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from blacc.errors import BlaccError, ScheduleError
 from blacc.ir import kernel as k
 from blacc.ir.structured import REDUCTION, Access, Contraction, Dim, matmul
+from blacc.ir.walk import nodes_of
 from blacc.strategy.gemm import blis, no_packing
 from blacc.transform.apply import apply
 from blacc.transform.schedule import (
@@ -304,17 +305,10 @@ def test_narrow_edges_call_a_tile_as_wide_as_the_columns_left():
     for f in module.functions[:-1]:
         (mma,) = [s for s in f.body if isinstance(s, k.TileMMA)]
         assert mma.tile.cols == int(f.name.removeprefix("gemm_micro") or 32)
-    ifs = [s for s in _all_stmts(module.function("gemm").body) if isinstance(s, k.If)]
+    ifs = nodes_of(module.function("gemm").body, k.If)[::-1]  # outermost first
     assert [(s.cond.op, s.cond.b.value) for s in ifs] == [("<=", 8), ("<=", 16), ("<=", 24)]
     assert [s.then[0].func for s in ifs] == ["gemm_micro8", "gemm_micro16", "gemm_micro24"]
     assert ifs[-1].orelse[0].func == "gemm_micro"
-
-
-def _all_stmts(body):
-    for s in body:
-        yield s
-        for child in (getattr(s, "body", ()), getattr(s, "then", ()), getattr(s, "orelse", ())):
-            yield from _all_stmts(child)
 
 
 @pytest.mark.parametrize("dim", ["i", "j", "x"])

@@ -34,17 +34,24 @@ def gemm(A: np.ndarray, B: np.ndarray, C: np.ndarray | None = None, *, alpha: fl
     path = route(backend, strategy)
     if (done := repeat(path, A, B, C, alpha, beta, trans_a, trans_b)) is not None:
         return done
-    chosen = resolve_backend(backend)
-    call = check_gemm(A, B, C, alpha, beta, trans_a, trans_b)
-    return run_gemm(call, backend=chosen, strategy=strategy, remember=(path, A, B, C))
+    return _checked(path, A, B, C, alpha, beta, trans_a, trans_b, backend, strategy)
 
 
 def matmul(A: np.ndarray, B: np.ndarray, out: np.ndarray | None = None, *,
            backend: str | None = None) -> np.ndarray:
     """``A @ B`` for 2-D float32/float64 arrays, like ``numpy.matmul``; ``out`` if given."""
-    if (done := repeat(route(backend, "auto"), A, B, out, 1.0, 0.0, False, False)) is not None:
-        return done  # as gemm would: spares small products a call
-    return gemm(A, B, out, alpha=1.0, beta=0.0, backend=backend)
+    path = route(backend, "auto")  # gemm's steps inline: a small product spares a call
+    if (done := repeat(path, A, B, out, 1.0, 0.0, False, False)) is not None:
+        return done
+    return _checked(path, A, B, out, 1.0, 0.0, False, False, backend, "auto")
+
+
+def _checked(path: int, A: object, B: object, C: object, alpha: object, beta: object,
+             trans_a: bool, trans_b: bool, backend: str | None, strategy: str) -> np.ndarray:
+    """A call the fast path did not take: checked, run, and remembered under ``path``."""
+    chosen = resolve_backend(backend)
+    call = check_gemm(A, B, C, alpha, beta, trans_a, trans_b)
+    return run_gemm(call, backend=chosen, strategy=strategy, remember=(path, A, B, C))
 
 
 @dataclass(frozen=True)

@@ -347,7 +347,7 @@ static PyObject *remember(PyObject *self, PyObject *const *args, Py_ssize_t narg
     int given = c != Py_None;
     Py_buffer v[3];
     if (!array_type || !address || flag(args[4], &ta) || flag(args[5], &tb) ||
-        hold(args[1], args[2], given ? c : Py_None, v))
+        hold(args[1], args[2], c, v))
         Py_RETURN_NONE; /* not a call fast() could see */
     char format = float_format(&v[0]);
     int ok = format != 0;

@@ -208,15 +208,13 @@ def choose(m: int, n: int, k: int, dtype: str, *, machine: Machine, isa: Isa,
     vector loads need that); then register tiles fitted to m and n run in place. A
     matrix times a vector (n = 1) with rows of A and the vector contiguous is a tile of
     dot products (``dot_tiles``)."""
-    _, nr, lanes = register_tile(dtype, isa)
+    lanes = isa.lanes(dtype)
     ku = 4
     size = itemsize(dtype)
     if n == 1 and lanes > 1 and a_unit_cols and b_unit_rows:
         return dot_tiles(lanes)
     if b_unit_cols or lanes == 1:
-        # C is narrow next to the widest tile that runs in place
-        widest = max((v * lanes for _, v in isa.in_place_tiles or ()), default=nr)
-        j_outer = _in_place_order(m, n, k, size, max(nr, widest), machine)
+        j_outer = _in_place_order(m, n, k, size, _narrow_width(dtype, isa), machine)
         if m * n * k <= SMALL_WORK:
             j_outer = bool(j_outer)
         if j_outer is None and isa.in_place_work is not None and m * n * k <= isa.in_place_work:
@@ -224,6 +222,13 @@ def choose(m: int, n: int, k: int, dtype: str, *, machine: Machine, isa: Isa,
         if j_outer is not None:
             return _in_place_plan(dtype, isa, m, n, ku, j_outer)
     return _blis_plan(dtype, isa, machine, ku)
+
+
+def _narrow_width(dtype: str, isa: Isa) -> int:
+    """The tile width against which C counts as narrow (``_in_place_order``): the default
+    register tile's, or the widest of the ISA's ``in_place_tiles``."""
+    _, nr, lanes = register_tile(dtype, isa)
+    return max([nr, *(v * lanes for _, v in isa.in_place_tiles or ())])
 
 
 #: How many more rows of C (in whole tiles) an ISA's in-place tile may compute than the
@@ -310,7 +315,7 @@ def plan_for(strategy: str, m: int, n: int, k: int, dtype: str, *, machine: Mach
         if not unit:
             raise ScheduleError("strategy 'tiling' reads B in place and needs its rows "
                                 "contiguous (unit column stride)")
-        j_outer = bool(_in_place_order(m, n, k, size, nr, machine))
+        j_outer = bool(_in_place_order(m, n, k, size, _narrow_width(dtype, isa), machine))
         return _in_place_plan(dtype, isa, m, n, 4, j_outer)
     if not (a_unit_cols and b_unit_cols):
         raise ScheduleError(f"strategy {strategy!r} needs A and B with contiguous rows")

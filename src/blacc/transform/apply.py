@@ -171,6 +171,8 @@ def apply(op: Contraction, schedule: Schedule, *, name: str = "kernel",
     r = _roles(op)
     plan = _read_schedule(op, r, schedule)
     mr, nr = _check(plan, r)
+    # NarrowEdges: register tiles of 1, 2, ... vectors for the last column tile
+    edge_widths = range(plan.lanes, nr, plan.lanes) if plan.narrow_edges else ()
     dt = op.dtype
     extent = {d.name: _extent(op, d.name) for d in op.domain}
     # The loop variables whose sum is the current tile's start, per dimension.
@@ -263,8 +265,6 @@ def apply(op: Contraction, schedule: Schedule, *, name: str = "kernel",
             call = k.If(k.Bin("<=", cols, k.Const(width)),
                         (k.Call(f"{name}_micro{width}", args),), (call,))
         return call
-
-    edge_widths = range(plan.lanes, nr, plan.lanes) if plan.narrow_edges else ()
 
     loops = body_at(0)
     roles = {r.left: "a", r.right: "b"}
