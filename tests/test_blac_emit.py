@@ -286,6 +286,17 @@ def test_emit_command_line(tmp_path, capsys):
     assert not list(tmp_path.glob("bad*")) and not (tmp_path / "no").exists()
 
 
+def test_emit_command_line_with_a_measuring_search(tmp_path, capsys):
+    from blacc.cli import main
+
+    out = tmp_path / "gemv"
+    decls = ["--decl", "A=Matrix(6,5)", "--decl", "x=Vector(5)", "--decl", "y=Vector(6)"]
+    assert main(["emit", "y = A*x + y", *decls, "--target", "generic", "--search",
+                 "exhaustive", "-o", str(out)]) == 0
+    assert "wrote" in capsys.readouterr().out
+    build(out.with_suffix(".c"), "generic")
+
+
 @pytest.mark.parametrize("dtype", ["f32", "f64"])
 def test_generic_target_has_no_vectors_even_for_wide_sizes(tmp_path, dtype):
     decls = dict(A=M(16, 17, dtype), x=V(17, dtype), y=V(16, dtype))

@@ -80,8 +80,8 @@ def test_other_shapes_dtypes_targets_and_sources_are_other_entries(cache, modell
 
 def test_measuring_searches_are_not_cached(cache, modelled):
     root, _ = cache
-    blacs.plan(GEMAM, target="avx2", search="exhaustive", measure_with=lambda s: 0.0,
-               **_operands())
+    blacs.plan(GEMAM, target="avx2", search="exhaustive",
+               measure_with=lambda pool: [0.0] * len(pool), **_operands())
     assert _entries(root) == []
 
 

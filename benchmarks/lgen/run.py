@@ -60,6 +60,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--clock", choices=("cpu", "wall"), default="cpu",
                     help="thread CPU time (default; robust on a shared machine) or wall time")
     ap.add_argument("--jobs", type=int, default=h.cpu_count(), help="parallel compiles")
+    ap.add_argument("--search", choices=("model", "exhaustive", "random"), default="model",
+                    help="blacc.emit's schedule search (the measuring ones time candidate "
+                         "kernels here, so blacc's kernels are then emitted one at a time)")
     ap.add_argument("--no-plots", action="store_true")
     ap.add_argument("--list", action="store_true", help="list the selected cases and exit")
     ap.add_argument("--report", type=Path, metavar="RESULTS_JSON",
@@ -193,7 +196,9 @@ def markdown(summary: list[dict], aims: dict, info: dict, config: dict,
              f"Timing: {config['clock']} clock, batches >= {config['target_ms']} ms, "
              f"{config['rounds']} batches per implementation interleaved; GFLOPS from the "
              "median time per call, f/c = GFLOPS / clock. Every implementation was verified "
-             "against float64 loops before timing.", ""]
+             "against float64 loops before timing. blacc's schedules: "
+             + ("its cost model (the default)." if config.get("search", "model") == "model"
+                else f"search={config['search']!r}, candidates timed in a C loop."), ""]
     for dtype in ("f32", "f64"):
         for group, title in h.GROUPS.items():
             recs = [s for s in summary if s["dtype"] == dtype and s["group"] == group]
@@ -400,11 +405,13 @@ def main(argv=None) -> int:
     t0 = time.time()
     if "blacc" in impls:
         fp = h.blacc_fingerprint()
-        work = [(c, str(build / name), fp) for name, cs in groups.items() for c in cs]
+        work = [(c, str(build / name), fp, args.search) for name, cs in groups.items()
+                for c in cs]
         for name in groups:
             (build / name).mkdir(parents=True, exist_ok=True)
-        log(f"emitting {len(work)} blacc kernels ...")
-        jobs = max(1, min(args.jobs, len(work)))
+        log(f"emitting {len(work)} blacc kernels (search: {args.search}) ...")
+        # a measuring search times kernels: nothing else may run beside it
+        jobs = max(1, min(args.jobs if args.search == "model" else 1, len(work)))
         pool = ProcessPoolExecutor(jobs) if jobs > 1 else None
         results = pool.map(h._emit_worker, work) if pool else map(h._emit_worker, work)
         emit_cpu = {}
@@ -452,7 +459,8 @@ def main(argv=None) -> int:
     summary = summarize(rows, ghz, info["lanes"])
     aims = check_aims(summary)
     config = {"quick": args.quick, "dtypes": dtypes, "cases": args.cases, "impls": impls,
-              "target_ms": args.target_ms, "rounds": rounds, "clock": args.clock}
+              "target_ms": args.target_ms, "rounds": rounds, "clock": args.clock,
+              "search": args.search}
     (out / "results.json").write_text(json.dumps(
         {"machine": info, "config": config, "summary": summary, "aims": aims,
          "blacc_emit_cpu_s": emit_cpu, "rows": rows},

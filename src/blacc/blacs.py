@@ -15,12 +15,9 @@ standalone .c/.h pair.
 from __future__ import annotations
 
 import re
-import time
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-
-import numpy as np
 
 from .backend import c as c_backend
 from .errors import ArgumentError, ScheduleError
@@ -29,9 +26,18 @@ from .frontend.types import Decl
 from .ir import indexed as ix
 from .ir import kernel as k
 from .runtime.gemm import host_target
+from .runtime.measure import time_kernels
 from .runtime.plan_cache import Choice, remembered
 from .runtime.signature import ArgSpec
-from .strategy.small import SEARCHES, cheapest_form, choose, program_cost, worth_wider
+from .strategy.small import (
+    SEARCHES,
+    cheapest_form,
+    choose,
+    options,
+    program_cost,
+    search_pool,
+    worth_wider,
+)
 from .target.isa import AVX2, AVX512, GENERIC, Isa, requested_isa
 from .transform.blac import OpSchedule, build_module
 from .transform.blac import candidates as schedule_candidates
@@ -104,12 +110,24 @@ def _runnable(isa: Isa, what: str) -> Isa:
     return isa
 
 
+@dataclass(frozen=True)
+class Candidate:
+    """One way a measuring search may compute a program: a target, an index form of the
+    program and a schedule per operation of it."""
+
+    isa: Isa
+    indexed: ix.Program
+    schedule: tuple[OpSchedule, ...]
+    module: k.Module = field(compare=False, repr=False)
+
+
 def plan(program: object, *, name: str = "blac_kernel", target: str | Isa | None = None,
          search: str = "model", measure_with: object = None,
          **operands: Decl) -> Plan:
     """Decide how to compute ``program``: see ``compile``. ``measure_with`` (a callable
-    schedule -> seconds) times candidates for the measuring searches; by default they are
-    compiled and run here."""
+    taking a list of ``Candidate``s and returning seconds per call of each) times the
+    candidates of the measuring searches; by default they are compiled here and timed in
+    a C loop (``runtime.measure``)."""
     if not _IDENT.fullmatch(name) or name.startswith(("blacc_", "__")):
         raise ArgumentError(f"kernel name {name!r} is not a valid C identifier for blacc")
     if search not in SEARCHES:
@@ -118,23 +136,53 @@ def plan(program: object, *, name: str = "blac_kernel", target: str | Isa | None
     specs = arg_specs(typed)
     candidates = forms(typed)
     if _is_host(target) and len(isas := host_isas()) > 1:
-        # one plan per ISA by the model; a measuring search then searches the chosen ISA
-        modelled = [_model_plan(typed, specs, isa, candidates, name) for isa in isas]
-        costs = [program_cost(p.module, p.indexed, p.schedule, p.isa) for p in modelled]
-        chosen = modelled[worth_wider(costs)]
         if search == "model":
-            return chosen
-        isa = chosen.isa
+            # one plan per ISA by the model, and the one worth its wider vectors
+            modelled = [_model_plan(typed, specs, isa, candidates, name) for isa in isas]
+            costs = [program_cost(p.module, p.indexed, p.schedule, p.isa) for p in modelled]
+            return modelled[worth_wider(costs)]
+        targets = isas  # timed against each other: the call's cost is in the timings
     else:
         isa = _isa(target)
         if search == "model":
             return _model_plan(typed, specs, isa, candidates, name)
-    indexed, per_op = cheapest_form(candidates, specs, isa)
-    if measure_with is None:
-        measure_with = _measurer(indexed, specs, _runnable(isa, "search"), name)
-    schedule = choose(indexed, specs, isa, search=search, measure=measure_with, per_op=per_op)
-    module = build_module(indexed, specs, schedule, isa, name)
-    return Plan(typed, indexed, specs, schedule, module, isa)
+        targets = (_runnable(isa, "search") if measure_with is None else isa,)
+    pool = [c for isa in targets for c in _search_pool(candidates, specs, isa, search, name)]
+    # kernels for 'host' are built with all of this machine's instructions (compile)
+    measure = measure_with or _measurer(specs, _build_isa(target, targets[-1]))
+    times = list(measure(pool))
+    best = pool[times.index(min(times))]
+    return Plan(typed, best.indexed, specs, best.schedule, best.module, best.isa)
+
+
+#: Schedules per operation a measuring search considers (the model's ``keep`` is 8):
+#: the model's best few often differ only in register blocks that fully unrolled code
+#: does not show, and kernels with the same source are timed once.
+SEARCH_OPTIONS = 24
+#: Distinct kernels a measuring search times per ISA.
+SEARCH_BUDGET = 24
+
+
+def _search_pool(candidates: tuple[ix.Program, ...], specs: tuple[ArgSpec, ...], isa: Isa,
+                 search: str, name: str) -> list[Candidate]:
+    """The kernels a measuring search times for ``isa``: schedules of every index form of
+    the program (``strategy.small.search_pool``), the best-modelled first for
+    'exhaustive', one per distinct C source, at most ``SEARCH_BUDGET``."""
+    ranked = [(cost, form, schedule) for i, form in enumerate(candidates)
+              for cost, schedule in search_pool(options(form, specs, isa, keep=SEARCH_OPTIONS),
+                                                search, budget=SEARCH_BUDGET, seed=i)]
+    if search == "exhaustive":
+        ranked.sort(key=lambda c: c[0])
+    pool: dict[str, Candidate] = {}
+    for _, form, schedule in ranked:
+        try:
+            module = build_module(form, specs, schedule, isa, name)
+        except ScheduleError:  # each operation's schedule builds, but not this combination
+            continue
+        pool.setdefault(c_backend.render(module, isa), Candidate(isa, form, schedule, module))
+        if len(pool) == SEARCH_BUDGET:
+            break
+    return list(pool.values())
 
 
 def _model_plan(typed: TypedProgram, specs: tuple[ArgSpec, ...], isa: Isa,
@@ -190,32 +238,37 @@ def compile(program: object, *, search: str = "model", name: str = "blac_kernel"
 
     _runnable(_isa(target), "compile")
     chosen = plan(program, name=name, target=target, search=search, **operands)
-    return FixedKernel.build(chosen.source, name, chosen.specs, flags=chosen.isa.flags)
+    return FixedKernel.build(chosen.source, name, chosen.specs,
+                             flags=_build_isa(target, chosen.isa).flags)
 
 
-def _measurer(indexed: ix.Program, specs: tuple[ArgSpec, ...], isa: Isa, name: str):
-    """Time a candidate schedule of ``indexed``: compile it for this machine and call it
-    on random operands."""
-    from .runtime.pycall import FixedKernel
+def _build_isa(target: str | Isa | None, isa: Isa) -> Isa:
+    """The instructions a kernel planned for ``isa`` is compiled with: for 'host', all of
+    this machine's (an AVX2 plan on an AVX-512 machine may use AVX-512VL's broadcasts
+    from memory and two-source permutes: a 2 x 2 product ran 0.76 ns against 0.87),
+    else ``isa``'s, what the target asks for."""
+    return host_isas()[-1] if _is_host(target) else isa
 
-    rng = np.random.default_rng(0)
-    dt = np.float32 if indexed.dtype == "f32" else np.float64
-    args = [rng.uniform(-1, 1, (s.rows, s.cols)).astype(dt) if s.kind == "array" else 0.5
-            for s in specs]
 
-    def measure(schedule: tuple[OpSchedule, ...]) -> float:
-        module = build_module(indexed, specs, schedule, isa, name)
-        kern = FixedKernel.build(c_backend.render(module, isa), name, specs, flags=isa.flags)
-        fast = kern.fast
-        best = float("inf")
-        for _ in range(5):
-            t0 = time.perf_counter()
-            for _ in range(2000):
-                fast(*args)
-            best = min(best, time.perf_counter() - t0)
-        return best
+def _measurer(specs: tuple[ArgSpec, ...], build_isa: Isa):
+    """Time candidates on this machine: compile them (with ``build_isa``'s flags), one
+    translation unit per ISA planned for, and call them in C loops."""
+
+    def measure(pool: list[Candidate]) -> list[float]:
+        named = [_renamed(c.module, f"blacc_candidate_{i}") for i, c in enumerate(pool)]
+        units = {isa: c_backend.render_modules([m for m, c in zip(named, pool, strict=True)
+                                                if c.isa is isa], isa)
+                 for isa in dict.fromkeys(c.isa for c in pool)}
+        return time_kernels([(units[c.isa], m.entry, build_isa)
+                             for m, c in zip(named, pool, strict=True)], specs)
 
     return measure
+
+
+def _renamed(module: k.Module, name: str) -> k.Module:
+    """A one-function module (what ``build_module`` makes) with its function renamed."""
+    (entry,) = module.functions
+    return k.Module((replace(entry, name=name),), entry=name)
 
 
 def emit(program: object, output: str | Path, *, name: str | None = None,

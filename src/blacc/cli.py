@@ -90,6 +90,9 @@ def build_parser() -> argparse.ArgumentParser:
     emit.add_argument("--target", choices=("host", "avx512", "avx2", "generic"),
                       default="host", help="instruction set: this machine's, AVX-512 "
                       "(F, DQ, VL), AVX2+FMA, or plain C99")
+    emit.add_argument("--search", choices=("model", "exhaustive", "random"), default="model",
+                      help="how the schedule is chosen: the cost model (default), or by "
+                      "timing candidate kernels here in a C loop (a few seconds)")
 
     info = sub.add_parser("info", help="show the detected machine and C compiler")
     info.add_argument("--peak", action="store_true", help="also measure peak flops/s")
@@ -184,7 +187,7 @@ def _emit(args: argparse.Namespace) -> int:
     operands = dict(parse_declaration(text, args.dtype) for text in args.decl)
     try:
         c_path, h_path = blacc.emit(args.source, args.output, name=args.name,
-                                    target=args.target, **operands)
+                                    target=args.target, search=args.search, **operands)
     except OSError as exc:  # the output path
         raise ArgumentError(f"cannot write {exc.filename}: {exc.strerror}") from exc
     print(f"wrote {c_path} and {h_path}")

@@ -108,8 +108,10 @@ def build(module: k.Module, isa: Isa, *, backend: str = "c",
     raise ArgumentError(f"build() needs backend 'c' or 'llvm', not {backend!r}")
 
 
-def _build_c(module: k.Module, isa: Isa, cc: Compiler) -> NativeKernel:
-    source = c_backend.render(module, isa)
+def load_c(source: str, isa: Isa, cc: Compiler | None = None) -> ctypes.CDLL:
+    """C ``source`` compiled for ``isa`` into a shared library (from the kernel cache when
+    built before) and loaded."""
+    cc = cc or host_compiler()
     flags = (*BASE_FLAGS, *isa.flags)
     key = cache_key(source=source, compiler=[cc.path, *cc.args, cc.version], flags=list(flags),
                     blacc=__version__)
@@ -117,7 +119,12 @@ def _build_c(module: k.Module, isa: Isa, cc: Compiler) -> NativeKernel:
     def compile_to(path: Path) -> None:
         compile_shared(cc, source, path, flags)
 
-    lib = default_cache().library(key, compile_to)
+    return default_cache().library(key, compile_to)
+
+
+def _build_c(module: k.Module, isa: Isa, cc: Compiler) -> NativeKernel:
+    source = c_backend.render(module, isa)
+    lib = load_c(source, isa, cc)
     entry = module.function(module.entry)
     fn = getattr(lib, entry.name)
     fn.restype, fn.argtypes = _signature(entry)

@@ -5,15 +5,16 @@ Candidates come from ``transform.blac.candidates`` (index on lanes x register bl
 with no measuring: the instructions on the FMA pipes, load and store ports they use,
 against the latency of the longest chain of dependent updates (per loop, the chain one
 iteration hands to the next), plus a penalty when a block needs more vector registers
-than the target has. ``exhaustive`` and ``random`` compile
-candidates and keep the fastest (LGen section 3.5).
+than the target has. ``exhaustive`` and ``random`` time a pool of the best-modelled
+candidates (``search_pool``; the caller compiles and times them, ``blacs.plan``) and keep
+the fastest (LGen section 3.5).
 """
 
 from __future__ import annotations
 
 import itertools
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..errors import ScheduleError
@@ -392,26 +393,25 @@ def cheapest_form(forms: Sequence[ix.Program], specs: tuple[ArgSpec, ...], isa: 
     return min(modelled, key=lambda fo: sum(opts[0][0] for opts in fo[1]))
 
 
-def choose(program: ix.Program, specs: tuple[ArgSpec, ...], isa: Isa, *, search: str = "model",
-           measure: Callable[[tuple[OpSchedule, ...]], float] | None = None,
-           budget: int = 24, seed: int = 0,
+def choose(program: ix.Program, specs: tuple[ArgSpec, ...], isa: Isa, *,
            per_op: list[list[tuple[float, OpSchedule]]] | None = None
            ) -> tuple[OpSchedule, ...]:
-    """The schedule to use. ``measure(schedule) -> seconds`` is required for the
-    measuring searches; ``budget`` caps how many candidates they time (exhaustive takes
-    the best-modelled ones first). ``per_op``: ``options(program, specs, isa)`` when
-    already computed."""
-    if search not in SEARCHES:
-        raise ScheduleError(f"search must be one of {', '.join(SEARCHES)}, not {search!r}")
+    """The cost model's schedule: each operation's best-modelled one. ``per_op``:
+    ``options(program, specs, isa)`` when already computed."""
     if per_op is None:
         per_op = options(program, specs, isa)
-    if search == "model":
-        return tuple(opts[0][1] for opts in per_op)
-    if measure is None:
-        raise ScheduleError(f"search={search!r} measures candidates and needs measure()")
-    top = [opts[:8] for opts in per_op]
-    combos = sorted(itertools.product(*top), key=lambda c: sum(cost for cost, _ in c))
-    pool = [tuple(s for _, s in c) for c in combos]
-    if search == "random" and len(pool) > budget:
-        pool = random.Random(seed).sample(pool, budget)
-    return min(pool[:budget], key=measure)
+    return tuple(opts[0][1] for opts in per_op)
+
+
+def search_pool(per_op: list[list[tuple[float, OpSchedule]]], search: str, *,
+                budget: int = 24, seed: int = 0) -> list[tuple[float, tuple[OpSchedule, ...]]]:
+    """The schedules a measuring search may time (LGen section 3.5), with their modelled
+    cycles: combinations of each operation's options, the best-modelled first
+    ('exhaustive'), or ``budget`` of them drawn with ``seed`` ('random')."""
+    if search not in SEARCHES or search == "model":
+        raise ScheduleError(f"a measuring search is 'exhaustive' or 'random', not {search!r}")
+    combos = [(sum(cost for cost, _ in c), tuple(s for _, s in c))
+              for c in itertools.product(*per_op)]
+    if search == "random":
+        return random.Random(seed).sample(combos, min(budget, len(combos)))
+    return sorted(combos, key=lambda c: c[0])[:budget]

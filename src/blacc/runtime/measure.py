@@ -1,0 +1,137 @@
+"""Time kernels of one signature against each other in a C loop.
+
+A fixed-size kernel runs for a few nanoseconds; called from Python, each call costs
+~100 ns more, so timings taken there rank the call, not the kernel. Here each kernel gets
+a timer in its own translation unit, a C loop that calls it back to back, directly, as a
+user's program calls an external function (through a function pointer, a 2 x 2 product
+that takes 0.76 ns ran 0.97 ns, as slow as one that takes 0.97 ns called directly). The
+kernel is kept out of line, so the loop cannot hoist its work. Batches last at least
+``min_batch_s``; they are taken round-robin over the kernels for ``rounds`` rounds, so
+that drift hits all alike, and the operands a kernel reads and writes are restored
+before each. The result is each kernel's median over the rounds.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import statistics
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+from ..errors import ArgumentError
+from ..target.isa import Isa
+from .build import load_c
+from .signature import IN, INOUT, ArgSpec
+
+__all__ = ["time_kernels", "timing_unit"]
+
+_C_TYPE = {"f32": "float", "f64": "double"}
+_NP_TYPE = {"f32": np.float32, "f64": np.float64}
+_CTYPES = {"f32": ctypes.c_float, "f64": ctypes.c_double}
+#: Calibration stops growing a batch here.
+_MAX_REPEATS = 1 << 28
+
+
+def _param(s: ArgSpec, i: int) -> str:
+    ctype = _C_TYPE[s.dtype]
+    if not s.by_pointer:
+        return f"{ctype} a{i}"
+    return f"{'const ' if s.role == IN else ''}{ctype} *a{i}"
+
+
+def timing_unit(source: str, entries: Sequence[str], specs: Sequence[ArgSpec]) -> str:
+    """``source`` (C defining the functions ``entries``, each taking ``specs``) with a
+    timer per entry: ``double blacc_time_<entry>(long reps, <operands>)``, the seconds
+    ``reps`` back-to-back calls take (thread CPU time)."""
+    if any(s.dtype not in _C_TYPE for s in specs):
+        raise ArgumentError("kernels are timed on float32 and float64 operands only")
+    params = ", ".join(_param(s, i) for i, s in enumerate(specs))
+    args = ", ".join(f"a{i}" for i in range(len(specs)))
+    head = "\n".join([
+        "#define _POSIX_C_SOURCE 199309L",
+        "#include <time.h>",
+        # GCC's noipa also keeps what it learns of the kernel out of the timing loop
+        "#if defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 8",
+        "#define BLACC_OUT_OF_LINE __attribute__((noinline, noipa))",
+        "#elif defined(__GNUC__)",
+        "#define BLACC_OUT_OF_LINE __attribute__((noinline))",
+        "#else",
+        "#define BLACC_OUT_OF_LINE",
+        "#endif",
+        *(f"BLACC_OUT_OF_LINE int {e}({params});" for e in entries),
+        "static double blacc_seconds(void) {",
+        "    struct timespec t;",
+        "    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);",
+        "    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;",
+        "}"])
+    timers = "\n".join(
+        f"double blacc_time_{e}(long reps, {params}) {{\n"
+        f"    double start = blacc_seconds();\n"
+        f"    for (long q = 0; q < reps; q++)\n"
+        f"        {e}({args});\n"
+        f"    return blacc_seconds() - start;\n"
+        f"}}" for e in entries)
+    return f"{head}\n{source}\n{timers}\n"
+
+
+def _operand(s: ArgSpec, rng: np.random.Generator) -> np.ndarray | float:
+    """Uniform values in [-1, 1); arrays start on a 64-byte boundary, like the operands
+    of a C program that aligns its data."""
+    if not s.by_pointer:
+        return 0.75
+    dt = _NP_TYPE[s.dtype]
+    per_line = 64 // np.dtype(dt).itemsize
+    raw = np.empty(s.extent + per_line, dt)
+    skip = (-raw.ctypes.data % 64) // np.dtype(dt).itemsize
+    a = raw[skip:skip + s.extent]
+    a[:] = rng.uniform(-1, 1, s.extent)
+    return a
+
+
+def time_kernels(kernels: Sequence[tuple[str, str, Isa]], specs: Sequence[ArgSpec], *,
+                 rounds: int = 7, min_batch_s: float = 2e-3, seed: int = 0) -> list[float]:
+    """Median seconds per call of each kernel: ``kernels`` are (C source, function name,
+    ISA), each function taking parameters ``specs``; kernels may share a source (one
+    translation unit defining several). Each source is compiled with its timers
+    (``timing_unit``; in parallel, through the kernel cache), and the kernels timed
+    interleaved."""
+    if not kernels:
+        return []
+    units = {}
+    for source, entry, isa in kernels:
+        units.setdefault((source, isa), []).append(entry)
+    texts = [(timing_unit(source, entries, specs), isa)
+             for (source, isa), entries in units.items()]
+    with ThreadPoolExecutor(max_workers=min(len(texts), os.cpu_count() or 1)) as pool:
+        libs = dict(zip(units, pool.map(lambda unit: load_c(*unit), texts), strict=True))
+    timers = []
+    for source, entry, isa in kernels:
+        timer = getattr(libs[source, isa], f"blacc_time_{entry}")
+        timer.restype = ctypes.c_double
+        timers.append(timer)
+    rng = np.random.default_rng(seed)
+    operands = [_operand(s, rng) for s in specs]
+    args = [ctypes.c_void_p(a.ctypes.data) if isinstance(a, np.ndarray) else _CTYPES[s.dtype](a)
+            for a, s in zip(operands, specs, strict=True)]
+    restore = [(a, a.copy()) for a, s in zip(operands, specs, strict=True) if s.role == INOUT]
+
+    def batch(i: int, reps: int) -> float:
+        for a, saved in restore:
+            np.copyto(a, saved)
+        return timers[i](ctypes.c_long(reps), *args)
+
+    reps = 1
+    while reps < _MAX_REPEATS:
+        seconds = batch(0, reps)
+        if seconds >= min_batch_s:
+            break
+        reps = max(2 * reps, int(reps * 1.2 * min_batch_s / max(seconds, 1e-9)))
+    times = np.zeros((rounds, len(kernels)))
+    for r in range(rounds):
+        for j in range(len(kernels)):
+            i = (j + r) % len(kernels)  # each round starts with another kernel
+            times[r, i] = batch(i, reps) / reps
+    return [statistics.median(times[:, i]) for i in range(len(kernels))]
