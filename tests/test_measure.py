@@ -62,11 +62,11 @@ def test_the_timer_calls_the_kernel_reps_times():
              f"int kern({PARAMS}) {{ (void)alpha; (void)x; (void)y; calls++; return 0; }}\n"
              "long calls_made(void) { return calls; }")
     lib = load_c(timing_unit(count, ["kern"], SPECS), GENERIC)
-    x = np.zeros(3, np.float32)
+    x, y = np.zeros(3, np.float32), np.zeros(3, np.float32)
     timer = lib.blacc_time_kern
     timer.restype = ctypes.c_double
     assert timer(ctypes.c_long(1000), ctypes.c_float(1.0), ctypes.c_void_p(x.ctypes.data),
-                 ctypes.c_void_p(x.ctypes.data)) >= 0
+                 ctypes.c_void_p(y.ctypes.data)) >= 0
     assert lib.calls_made() == 1000
 
 

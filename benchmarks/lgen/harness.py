@@ -949,7 +949,7 @@ def build_series(name: str, cases: list[Case], impls: Sequence[str], tc: Toolcha
         results = blacc_results or {}
         for c in cases:
             res = results.get(c.cid)
-            if res is None:
+            if res is None and blacc_results is None:  # else emitting failed: reported
                 _, res, err, _ = _emit_worker((c, str(d), fp, "model"))
                 if err:
                     log(f"  blacc could not compile {c.cid}: {err}")

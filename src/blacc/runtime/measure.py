@@ -15,40 +15,40 @@ from __future__ import annotations
 
 import ctypes
 import os
-import statistics
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+from ..backend import c as c_backend
 from ..errors import ArgumentError
+from ..ir import kernel as k
 from ..target.isa import Isa
 from .build import load_c
-from .signature import IN, INOUT, ArgSpec
+from .signature import INOUT, ArgSpec
 
 __all__ = ["time_kernels", "timing_unit"]
 
-_C_TYPE = {"f32": "float", "f64": "double"}
 _NP_TYPE = {"f32": np.float32, "f64": np.float64}
-_CTYPES = {"f32": ctypes.c_float, "f64": ctypes.c_double}
 #: Calibration stops growing a batch here.
 _MAX_REPEATS = 1 << 28
 
 
-def _param(s: ArgSpec, i: int) -> str:
-    ctype = _C_TYPE[s.dtype]
-    if not s.by_pointer:
-        return f"{ctype} a{i}"
-    return f"{'const ' if s.role == IN else ''}{ctype} *a{i}"
+def _prototype(name: str, specs: Sequence[ArgSpec]) -> str:
+    """``int name(<operands a0, a1, ...>)``, printed as the C backend prints an entry."""
+    params = tuple(k.Param(f"a{i}", s.dtype, pointer=s.by_pointer, const=not s.written)
+                   for i, s in enumerate(specs))
+    return c_backend.signature(k.Function(name, params, (), exported=True))
 
 
 def timing_unit(source: str, entries: Sequence[str], specs: Sequence[ArgSpec]) -> str:
     """``source`` (C defining the functions ``entries``, each taking ``specs``) with a
     timer per entry: ``double blacc_time_<entry>(long reps, <operands>)``, the seconds
     ``reps`` back-to-back calls take (thread CPU time)."""
-    if any(s.dtype not in _C_TYPE for s in specs):
+    if any(s.dtype not in _NP_TYPE for s in specs):
         raise ArgumentError("kernels are timed on float32 and float64 operands only")
-    params = ", ".join(_param(s, i) for i, s in enumerate(specs))
+    timer = _prototype("blacc_time", specs)
+    params = timer[timer.index("(") + 1:-1]
     args = ", ".join(f"a{i}" for i in range(len(specs)))
     head = "\n".join([
         "#define _POSIX_C_SOURCE 199309L",
@@ -61,7 +61,7 @@ def timing_unit(source: str, entries: Sequence[str], specs: Sequence[ArgSpec]) -
         "#else",
         "#define BLACC_OUT_OF_LINE",
         "#endif",
-        *(f"BLACC_OUT_OF_LINE int {e}({params});" for e in entries),
+        *(f"BLACC_OUT_OF_LINE {_prototype(e, specs)};" for e in entries),
         "static double blacc_seconds(void) {",
         "    struct timespec t;",
         "    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);",
@@ -114,7 +114,8 @@ def time_kernels(kernels: Sequence[tuple[str, str, Isa]], specs: Sequence[ArgSpe
         timers.append(timer)
     rng = np.random.default_rng(seed)
     operands = [_operand(s, rng) for s in specs]
-    args = [ctypes.c_void_p(a.ctypes.data) if isinstance(a, np.ndarray) else _CTYPES[s.dtype](a)
+    args = [ctypes.c_void_p(a.ctypes.data) if isinstance(a, np.ndarray)
+            else np.ctypeslib.as_ctypes_type(_NP_TYPE[s.dtype])(a)
             for a, s in zip(operands, specs, strict=True)]
     restore = [(a, a.copy()) for a, s in zip(operands, specs, strict=True) if s.role == INOUT]
 
@@ -134,4 +135,4 @@ def time_kernels(kernels: Sequence[tuple[str, str, Isa]], specs: Sequence[ArgSpe
         for j in range(len(kernels)):
             i = (j + r) % len(kernels)  # each round starts with another kernel
             times[r, i] = batch(i, reps) / reps
-    return [statistics.median(times[:, i]) for i in range(len(kernels))]
+    return np.median(times, axis=0).tolist()
