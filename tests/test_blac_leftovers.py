@@ -26,9 +26,10 @@ from blacc.ir import interp
 from blacc.ir import kernel as k
 from blacc.ir.walk import nodes_of
 from blacc.strategy import small
-from blacc.target.isa import AVX2, GENERIC
+from blacc.target.isa import AVX2, AVX512, GENERIC
 from blacc.transform.blac import build_module
 from guard import guarded_array, run_isolated
+from test_blac_columns import CC, NATIVE, _compiled
 from test_blac_pairs import _c_function, _guarded, _llvm_function, needs_native
 from test_blac_programs import NP, assert_matches, make_values, seed_of
 
@@ -192,6 +193,44 @@ def test_programs_with_leftovers_against_guard_pages(tmp_path, name, dtype, n):
     run_isolated(body)
 
 
+# rows ending in whole 256- and 128-bit vectors on AVX-512 (16k + 4, 8, 12 f32; 8k + 2, 4,
+# 6 f64), and in a masked or scalar leftover (16 + 3 f32, 8 + 2 + 1 f64)
+AVX512_CASES = [(name, dt, n) for name in PROGRAMS
+                for dt, ns in (("f32", (4, 12, 20, 28, 19)), ("f64", (2, 6, 10, 11)))
+                for n in ns]
+
+
+@pytest.mark.skipif(CC is None, reason="needs a C compiler")
+@pytest.mark.parametrize(("name", "dtype", "n"), AVX512_CASES)
+def test_avx512_rows_end_in_narrow_vectors(tmp_path, name, dtype, n):
+    """AVX-512's leftovers take its 256- and 128-bit vectors whole (12 f32 as 8 + 4): no
+    masked move where the row is a multiple of four f32 or two f64 (unless the model
+    chose one masked tail, ``OpSchedule.one_tail``), and the rows agree with NumPy
+    against guard pages where this CPU runs AVX-512."""
+    source, decls_of = PROGRAMS[name]
+    decls = decls_of(n, dtype)
+    p = plan(source, target="avx512", **decls)
+    module = build_module(p.indexed, p.specs, p.schedule, AVX512, "pk")
+    text = c_backend.render(module, AVX512)
+    if n % (2 if dtype == "f64" else 4) == 0 and not any(s.one_tail for s in p.schedule):
+        assert "mask_" not in text, text
+        if n % 8 in (2, 4, 6):  # a 128-bit vector at the end of each row
+            assert "_mm_storeu_" in text, text
+    fn = _compiled(module, AVX512, tmp_path / "k")
+    if not NATIVE["avx512"]:
+        pytest.skip("compiled only: this CPU cannot run AVX-512")
+    values = make_values(decls, dtype, np.random.default_rng(seed_of("left512", name, n)))
+
+    def body() -> None:
+        for side in ("after", "before"):
+            got, arrays = _call(fn, p, values, side)
+            assert_matches(p.typed, values, got, f"{name} n={n} {dtype} {side}")
+            for a in arrays.values():
+                assert _padding_untouched(a), f"{name} n={n}: a write between rows"
+
+    run_isolated(body)
+
+
 def _call(fn, p, values: dict, side: str) -> tuple[dict, dict]:
     """Call ``fn`` on guarded operands; (outputs, the guarded arrays)."""
     dtype = p.typed.dtype
@@ -230,8 +269,8 @@ def test_model_charges_known_counts_as_plain_moves():
 def test_model_charges_masked_stores_into_scratch_arrays():
     """With mask registers (AVX-512) a masked store is one fast instruction, unless its
     array is scratch that the kernel reads back: loads are not forwarded from masked
-    stores. t0 = A0 + A1 (5 x 5 f32) written by rows of 5 of 8 lanes, then read by
-    C = t0'*B: its five stores cost as much as AVX2's masked stores."""
+    stores. t0 = A0 + A1 (7 x 7 f32) written by rows of 4 + 3 of 4 lanes, then read by
+    C = t0'*B: its seven masked stores cost as much as AVX2's."""
     from dataclasses import replace
 
     from blacc.blacs import _typed
@@ -239,7 +278,7 @@ def test_model_charges_masked_stores_into_scratch_arrays():
     from blacc.transform.blac import candidates
     from blacc.transform.index_notation import arg_specs, forms
 
-    decls = dict(A0=M(5, 5, "f32"), A1=M(5, 5, "f32"), B=M(5, 5, "f32"), C=M(5, 5, "f32"))
+    decls = dict(A0=M(7, 7, "f32"), A1=M(7, 7, "f32"), B=M(7, 7, "f32"), C=M(7, 7, "f32"))
     typed = _typed("C = (A0 + A1)'*B", decls)
     specs = arg_specs(typed)
     form = next(f for f in forms(typed) if len(f.ops) == 2)
@@ -254,4 +293,4 @@ def test_model_charges_masked_stores_into_scratch_arrays():
     plain = replace(module, functions=tuple(unknown if f is entry else f
                                             for f in module.functions))
     charged, cheap = small.model_cost(module, 0, AVX512), small.model_cost(plain, 0, AVX512)
-    assert cheap < 5 * small.MASKED_STORE <= charged, (charged, cheap)
+    assert cheap < 7 * small.MASKED_STORE <= charged, (charged, cheap)

@@ -65,8 +65,9 @@ def test_chunks_one_tail_examples():
     def shape(pieces):
         return [(c.start, c.width, c.count) for c in pieces]
 
-    f64 = AVX512.widths("f64")  # (8, 4, 1)
-    assert shape(chunks(7, f64)) == [(0, 4, 4), (4, 4, 3)]
+    f64 = AVX512.widths("f64")  # (8, 4, 2, 1)
+    assert shape(chunks(7, f64)) == [(0, 4, 4), (4, 2, 2), (6, 1, 1)]
+    assert shape(chunks(7, (8, 4, 1))) == [(0, 4, 4), (4, 4, 3)]
     assert shape(chunks(7, f64, True)) == [(0, 8, 7)]
     assert shape(chunks(19, f64, True)) == [(0, 8, 8), (8, 8, 8), (16, 4, 3)]
     assert shape(chunks(16, f64, True)) == shape(chunks(16, f64))
@@ -104,11 +105,12 @@ def test_one_tail_candidates_only_where_they_apply():
     assert not _tails(_plan("C = A*B", "avx2", **seven), AVX2)  # vmaskmov: slow
     eight = dict(A=M(8, 8, "f64"), B=M(8, 8, "f64"), C=M(8, 8, "f64"))
     assert not _tails(_plan("C = A*B", "avx512", **eight), AVX512)  # no tail
-    # 12 f32 lanes: 8 + 4 of 8, or 12 of 16; 6: 6 of 8 either way
-    twelve = dict(A=M(3, 3, "f32"), B=M(3, 12, "f32"), C=M(3, 12, "f32"))
-    assert _tails(_plan("C = A*B", "avx512", **twelve), AVX512)
-    six = dict(A=M(3, 3, "f32"), B=M(3, 6, "f32"), C=M(3, 6, "f32"))
-    assert not _tails(_plan("C = A*B", "avx512", **six), AVX512)
+    # 13 f32 lanes: 8 + 4 + 1, or 13 of 16; 6: 4 + 2 of 4, or 6 of 8; 3: 3 of 4 either way
+    for n in (13, 6):
+        wide = dict(A=M(3, 3, "f32"), B=M(3, n, "f32"), C=M(3, n, "f32"))
+        assert _tails(_plan("C = A*B", "avx512", **wide), AVX512)
+    three = dict(A=M(3, 3, "f32"), B=M(3, 3, "f32"), C=M(3, 3, "f32"))
+    assert not _tails(_plan("C = A*B", "avx512", **three), AVX512)
     gemm = dict(A=M(7, 7, "f64"), B=M(7, 7, "f64"), C=M(7, 7, "f64"), alpha=S("f64"),
                 beta=S("f64"))
     assert not _tails(_plan("C = alpha*A*B + beta*C", "avx512", **gemm), AVX512)

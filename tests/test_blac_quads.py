@@ -31,6 +31,7 @@ from blacc.ir.walk import nodes_of
 from blacc.runtime import plan_cache
 from blacc.target.isa import AVX2, AVX512, requested_isa
 from blacc.transform.blac import OpSchedule, build_module, candidates
+from blacc.transform.index_notation import forms
 from blacc.transform.sum_lanes import batch_row_sums
 from test_blac_columns import CC, NATIVE, _compiled
 from test_blac_pairs import candidate_modules, check_guarded
@@ -149,12 +150,13 @@ def test_quads_refuse_layouts_they_cannot_take():
     spaced = tuple(replace(s, ld=8) if s.name == "A" else s for s in p.specs)
     with pytest.raises(ScheduleError, match="one after another"):
         build_module(p.indexed, spaced, (OpSchedule(v, (16, 1), quads=True),), AVX512, "x")
-    # x + z is computed on a quarter of a vector, a width the target does not have
+    # x + z fused into the product: computed, not loaded into every quarter
     plus = dict(A=M(16, 4, "f32"), x=V(4, "f32"), z=V(4, "f32"), y=V(16, "f32"))
     q = plan("y = A*(x + z)", target="avx512", **plus)
+    fused = next(f for f in forms(q.typed) if len(f.ops) == 1)
+    quads = [s for s in candidates(fused, fused.ops[0], AVX512) if s.quads]
     with pytest.raises(ScheduleError, match="only as it is loaded"):
-        build_module(q.indexed, q.specs, (_quads("y = A*(x + z)", AVX512, **plus)[0],),
-                     AVX512, "x")
+        build_module(fused, q.specs, (quads[0],), AVX512, "x")
     # A'*x: the rows of A' are columns of A, their elements not next to each other
     at = plan("y = A'*x", target="avx512", A=M(4, 16, "f32"), x=V(4, "f32"), y=V(16, "f32"))
     op = at.indexed.ops[0]

@@ -22,8 +22,8 @@ from blacc.ir import interp
 from blacc.ir import kernel as k
 from blacc.ir.walk import nodes_of
 from blacc.strategy.small import choose
-from blacc.target.isa import AVX2
-from blacc.transform.blac import OpSchedule, build_module, candidates
+from blacc.target.isa import AVX2, AVX512
+from blacc.transform.blac import OpSchedule, _sum_pieces, build_module, candidates, chunks
 from blacc.transform.index_notation import forms
 from blacc.transform.sum_lanes import batch_row_sums, one_sum
 from guard import run_isolated
@@ -340,27 +340,28 @@ def test_one_sum_leaves_what_is_not_a_sum_of_sums(name):
 
 
 def test_rows_of_mixed_widths_are_summed_in_pairs():
-    """y = A*x with A 6 x 6 f64: each row is a vector of 4 and one of 2; their sums join
-    (the 4 folded to 2) and two rows are summed and stored at once, Eigen's way."""
-    p = plan("y = A*x", target="avx2", A=blacc.Matrix(6, 6, "f64"), x=blacc.Vector(6, "f64"),
-             y=blacc.Vector(6, "f64"))
+    """y = A*x with A 7 x 7 f64: each row is a vector of 4 and one of 2 (with the last
+    element in one of its lanes); their sums join (the 4 folded to 2) and two rows are
+    summed and stored at once, Eigen's way; the seventh row alone."""
+    p = plan("y = A*x", target="avx2", A=blacc.Matrix(7, 7, "f64"), x=blacc.Vector(7, "f64"),
+             y=blacc.Vector(7, "f64"))
     module = build_module(p.indexed, p.specs, (OpSchedule("k1", (1, 1)),), AVX2, "pk")
     stores_of_y = [s for s in nodes_of(module, k.Store) if s.buf == "y"]
-    assert len(stores_of_y) == 3 and all(s.value.lanes == 2 for s in stores_of_y)
+    assert [s.value.lanes for s in stores_of_y] == [2, 2, 2, 1]
     assert len(nodes_of(module, k.SumLanes)) == 3
     rng = np.random.default_rng(3)
-    A, x = rng.uniform(-1, 1, (6, 6)), rng.uniform(-1, 1, 6)
-    y = np.zeros(6)
+    A, x = rng.uniform(-1, 1, (7, 7)), rng.uniform(-1, 1, 7)
+    y = np.zeros(7)
     interp.run(module, {"A": A.ravel(), "x": x, "y": y})
     np.testing.assert_allclose(y, A @ x, rtol=1e-12)
 
 
-@pytest.mark.parametrize("n, dtype, lanes", [(5, "f32", 4), (7, "f64", 2), (9, "f32", 1)])
+@pytest.mark.parametrize("n, dtype, lanes", [(5, "f32", 4), (7, "f64", 2), (9, "f32", 8),
+                                             (6, "f64", 4)])
 def test_a_last_element_joins_the_narrowest_vectors(n, dtype, lanes):
-    """y = A*x with rows of 5 f32 (4 + 1) or 7 f64 (4 + 2 + 1): the last element is one
-    lane of the narrowest vector, already used by the row, so the row ends in one
-    horizontal sum and rows are summed ``lanes`` at a time. Rows of 9 f32 (8 + 1) would
-    need a new width: the last element stays a scalar product."""
+    """y = A*x with rows of 5 f32 (4 + 1), 7 f64 (4 + 2 + 1), 9 f32 (8 + 1) or 6 f64
+    (4 + 2): the last piece is lanes of the narrowest vector the row already uses, so the
+    row ends in one horizontal sum and rows are summed ``lanes`` at a time."""
     p = plan("y = A*x", target="avx2", A=blacc.Matrix(n, n, dtype), x=blacc.Vector(n, dtype),
              y=blacc.Vector(n, dtype))
     module = build_module(p.indexed, p.specs, (OpSchedule("k1", (1, 1)),), AVX2, "pk")
@@ -374,6 +375,23 @@ def test_a_last_element_joins_the_narrowest_vectors(n, dtype, lanes):
     y = np.zeros(n, NP[dtype])
     interp.run(module, {"A": A.ravel().astype(NP[dtype]), "x": x.astype(NP[dtype]), "y": y})
     np.testing.assert_allclose(y, A @ x, rtol=1e-5 if dtype == "f32" else 1e-12)
+
+
+def test_a_sum_ends_in_accumulators_it_has():
+    """The pieces of a sum on lanes: with mask registers the rest after the widest vectors
+    is one masked vector of theirs; without, the last piece joins the narrowest vector
+    before it."""
+    def pieces(n: int, isa) -> list[tuple[int, int, int]]:
+        got = _sum_pieces(chunks(n, isa.widths("f32")), isa.mask_registers)
+        assert sum(c.count for c in got) == n and all(0 < c.count <= c.width for c in got)
+        return [(c.start, c.width, c.count) for c in got]
+
+    assert pieces(13, AVX512) == [(0, 8, 8), (8, 8, 5)]
+    assert pieces(100, AVX512) == [(16 * i, 16, 16) for i in range(6)] + [(96, 16, 4)]
+    assert pieces(3, AVX512) == [(0, 4, 3)]
+    assert pieces(13, AVX2) == [(0, 8, 8), (8, 4, 4), (12, 4, 1)]
+    assert pieces(10, AVX2) == [(0, 8, 8), (8, 8, 2)]
+    assert pieces(16, AVX2) == [(0, 8, 8), (8, 8, 8)]
 
 
 @pytest.mark.parametrize("dtype", ["f32", "f64"])

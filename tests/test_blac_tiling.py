@@ -19,7 +19,7 @@ from blacc.blacs import plan
 from blacc.ir import kernel as k
 from blacc.ir.walk import nodes_of, rewrite
 from blacc.strategy.small import options
-from blacc.target.isa import AVX2
+from blacc.target.isa import AVX2, AVX512
 from blacc.transform.blac import OpSchedule, build_module, candidates
 from test_blac_programs import PROGRAMS, assert_matches, decls_of, make_values, run_interp, seed_of
 
@@ -178,6 +178,26 @@ def test_column_loop_hoists_the_broadcasts():
     assert_matches(p.typed, values, run_interp(module, p.specs, p.typed, values), "loop")
     tall = build_module(p.indexed, p.specs, (OpSchedule("j", (4, 3)),), AVX2, "t")
     assert not any(isinstance(s, k.For) for s in tall.function(tall.entry).body)
+
+
+def test_a_narrower_leftover_takes_the_hoisted_broadcasts():
+    """C(100 x 4) = A(100 x 4)*B(4 x 4) f32 on AVX-512 with the lanes down the columns: a
+    loop over blocks of rows with B's 16 broadcasts hoisted out of it; the last 4 rows (a
+    128-bit vector) take the low quarter of those, not broadcasts of their own (which
+    kept 16 scalars live across the loop, and gcc spilled: 45 ns against 34)."""
+    decls = dict(A=blacc.Matrix(100, 4, "f32"), B=blacc.Matrix(4, 4, "f32"),
+                 C=blacc.Matrix(100, 4, "f32"))
+    p = plan("C = A*B", target="avx512", **decls)
+    module = build_module(p.indexed, p.specs, (OpSchedule("i", (4, 3)),), AVX512, "t")
+    body = module.function(module.entry).body
+    last_loop = max(i for i, s in enumerate(body) if isinstance(s, k.For))
+    after = body[last_loop + 1:]
+    assert _broadcasts_run(body[:last_loop], "B") == 16
+    assert _broadcasts_run(after, "B") == 0
+    quarters = [h for h in nodes_of(after, k.Half) if isinstance(h.x, k.Half)]
+    assert quarters and all(h.lanes == 4 and h.x.x.lanes == 16 for h in quarters)
+    values = make_values(decls, "f32", np.random.default_rng(5))
+    assert_matches(p.typed, values, run_interp(module, p.specs, p.typed, values), "tail")
 
 
 def test_candidates_are_distinct_and_fit_the_registers():

@@ -60,9 +60,9 @@ def test_tile_is_the_widest_within_the_padding_tolerance(m, n, dtype):
     the four, and no tile earlier in the preference order (6x2, 4x3, 8x1, 1x7 vectors)
     does."""
     mr, nr, lanes = register_tile(dtype, AVX2, m, n)
-    # a C exactly one narrow vector wide takes those (test_c_as_wide_as_a_narrow_vector...)
-    assert lanes == (AVX2.narrow[dtype].lanes if n == AVX2.narrow[dtype].lanes
-                     else AVX2.lanes(dtype))
+    # a C exactly half a vector wide takes half-vectors (test_c_as_wide_as_a_narrow_...)
+    half = AVX2.lanes(dtype) // 2
+    assert lanes == (half if n == half else AVX2.lanes(dtype))
     order = [(6, 2 * lanes), (4, 3 * lanes), (8, lanes), (1, 7 * lanes)]
     least = min(_padded(m, n, *t) for t in order)
     assert _padded(m, n, mr, nr) <= (1 + PADDING_TOLERANCE) * least

@@ -91,10 +91,9 @@ def host_isas() -> tuple[Isa, ...]:
     """What 'host' may mean for a fixed-size program, narrowest first: this machine's ISA
     (``isa_for``), and on an AVX-512 machine both AVX2 and AVX-512 unless ``BLACC_ISA``
     names one. The cost model then picks one per program (``strategy.small.worth_wider``):
-    small operands fill few of a 512-bit vector's lanes, and the AVX-512 table's one
-    narrower level is 256-bit where AVX2 has 128-bit vectors for leftovers (on a Xeon with
-    AVX-512, LGen's cases ran 0.82x as fast, geomean of 510, all on 512-bit vectors);
-    wide outputs run up to 1.8x as fast on them."""
+    small operands fill few of a 512-bit vector's lanes (on a Xeon with AVX-512, LGen's
+    cases ran 0.82x as fast, geomean of 510, all on 512-bit vectors, when the AVX-512
+    table had no 128-bit level); wide outputs run up to 1.8x as fast on them."""
     isa = host_target().isa
     if isa is AVX512 and not requested_isa():
         return (AVX2, AVX512)

@@ -105,18 +105,18 @@ class _Renderer:
     # lanes where they beat masked ones (``Isa.plain_moves``); a full vector as its halves.
     def load_first(self, e: k.Load) -> str:
         """One narrower load (``Isa.plain_moves``), zero-extended to the full width."""
-        count, half = int(e.count.value), self.isa.narrow[e.dtype].lanes
-        if e.lanes == half:
-            return self.isa.op(f"load_first{count}", e.dtype, half).format(
+        count, half = int(e.count.value), e.lanes // 2
+        if e.lanes == self.isa.widths(e.dtype)[-2]:  # the narrowest vector
+            return self.isa.op(f"load_first{count}", e.dtype, e.lanes).format(
                 addr=self.addr(e.buf, e.index))
         lo = k.Load(e.buf, e.index, e.dtype, half, None if count == half else e.count)
-        return self.isa.op("zext", e.dtype).format(x=self.expr(lo))
+        return self.isa.op("zext", e.dtype, e.lanes).format(x=self.expr(lo))
 
     def store_first(self, buf: str, index: k.Expr, x: str, dtype: str, lanes: int,
                     count: int) -> list[str]:
-        half = self.isa.narrow[dtype].lanes
-        if lanes == half:
-            return [self.isa.op(f"store_first{count}", dtype, half).format(
+        half = lanes // 2
+        if lanes == self.isa.widths(dtype)[-2]:  # the narrowest vector
+            return [self.isa.op(f"store_first{count}", dtype, lanes).format(
                 addr=self.addr(buf, index), x=x)]
         lo = self.isa.op("half_lo", dtype, lanes).format(x=x)
         if count < half:

@@ -89,17 +89,17 @@ def register_tile(dtype: str, isa: Isa, m: int | None = None, n: int | None = No
     vectors, most FMAs per load first) that pads C by at most ``PADDING_TOLERANCE`` over
     the tile that pads least. C = A*B with n = 8 f32 would waste half of every 16-wide
     tile and takes 8 x 1; m = 8 takes two 4-row tiles instead of 6 + 2 rows; a row vector
-    times a matrix (m = 1) takes one row of 7 vectors. A C exactly as wide as the ISA's
-    narrow vectors (8 f32 on AVX-512) takes tiles of those, with no masked lanes: on the
+    times a matrix (m = 1) takes one row of 7 vectors. A C exactly half a vector wide (8
+    f32 on AVX-512) takes tiles of half-vectors, with no masked lanes: on the
     Xeon, 1000 x 8 x 1000 f32 ran 87 GFLOPS with 8 x 8 (256-bit) against 57 with 8 x 16
     (LLVM backend). Narrower C keeps full vectors: 4000 x 4 x 4000 f32 ran 17 GFLOPS
     with LLVM's masked 256-bit moves against 29 with 512-bit ones."""
     lanes = isa.lanes(dtype)
     if lanes == 1:
         return 4, 4, 1
-    narrow = isa.narrow.get(dtype)
-    if n is not None and narrow is not None and n == narrow.lanes:
-        lanes = narrow.lanes  # C exactly a narrow vector wide: no lane left empty
+    half = isa.widths(dtype)[1]
+    if n == half > 1:
+        lanes = half  # C exactly half a vector wide: no lane left empty
     tiles = tile_shapes(isa)
     nv, mr = tiles[0]
     if m is not None and n is not None:

@@ -155,6 +155,10 @@ def _expr_issue(e: k.Expr, acc: _Issue, isa: Isa, loop: str | None = None,
     elif isinstance(e, k.Half):
         if e.which:  # the high half needs vextractf128; the low one is free
             acc.shuffles += 1.0
+        if joined is not None:  # both halves of one value (a wider sum folded) compute
+            if e.x in joined:   # it once: the C compiler merges the repeated expression
+                return
+            joined.add(e.x)
         _expr_issue(e.x, acc, isa, loop, joined)
     elif isinstance(e, (k.Zip, k.Unzip)):
         acc.shuffles += _zip_shuffles(e, isa)

@@ -31,9 +31,10 @@ class Isa:
     header: str | None
     vectors: dict[str, VectorType] = field(default_factory=dict, hash=False)
     ops: dict[tuple[str, str], str] = field(default_factory=dict, hash=False)
-    #: Narrower vectors (e.g. 128-bit on AVX2) for leftovers; their ops are keyed by
-    #: ``"f32x4"``-style names.
-    narrow: dict[str, VectorType] = field(default_factory=dict, hash=False)
+    #: Narrower vectors for leftovers, widest first, each half the one before (128-bit
+    #: on AVX2; 256- and 128-bit on AVX-512); their ops are keyed by ``"f32x4"``-style
+    #: names.
+    narrow: dict[str, tuple[VectorType, ...]] = field(default_factory=dict, hash=False)
     #: C helper functions the templates call (e.g. horizontal sums), by name; a
     #: translation unit includes those it uses.
     prelude: dict[str, str] = field(default_factory=dict, hash=False)
@@ -66,31 +67,32 @@ class Isa:
         v = self.vectors.get(dtype)
         return v.lanes if v else 1
 
+    def _levels(self, dtype: str) -> tuple[VectorType, ...]:
+        full = self.vectors.get(dtype)
+        return (full, *self.narrow.get(dtype, ())) if full else ()
+
     def widths(self, dtype: str) -> tuple[int, ...]:
         """Every vector width the ISA has for ``dtype``, widest first (1 = scalars)."""
-        out = [v.lanes for v in (self.vectors.get(dtype), self.narrow.get(dtype)) if v]
-        return (*out, 1)
+        return (*(v.lanes for v in self._levels(dtype)), 1)
 
     def vector_type(self, dtype: str, lanes: int) -> VectorType | None:
-        for v in (self.vectors.get(dtype), self.narrow.get(dtype)):
-            if v is not None and v.lanes == lanes:
-                return v
-        return None
+        return next((v for v in self._levels(dtype) if v.lanes == lanes), None)
 
     def partial_pieces(self, dtype: str, lanes: int, count: int) -> tuple[int, ...] | None:
         """The widths, widest first, of the plain moves that load or store the first
         ``count`` of ``lanes`` lanes (0 < count < lanes), or None where this ISA has none
-        and a masked move is used. A full vector moves as its two halves: the low one
-        whole (``count`` >= half) and the rest in the high one, e.g. 6 of 8 as 4 + 2."""
-        narrow = self.narrow.get(dtype)
-        if narrow is None or not 0 < count < lanes:
+        and a masked move is used. A wider vector moves as its two halves: the low one
+        whole (``count`` >= half) and the rest in the high one, e.g. 6 of 8 as 4 + 2; the
+        narrowest by ``store_first`` templates."""
+        widths = self.widths(dtype)[:-1]
+        if len(widths) < 2 or lanes not in widths or not 0 < count < lanes:
             return None
-        half = narrow.lanes
-        if lanes == half:
-            if (f"store_first{count}", f"{dtype}x{half}") not in self.ops:
+        if lanes == widths[-1]:
+            if (f"store_first{count}", f"{dtype}x{lanes}") not in self.ops:
                 return None
-            return tuple(1 << b for b in reversed(range(half.bit_length())) if count >> b & 1)
-        if lanes != 2 * half or ("zext", dtype) not in self.ops:
+            return tuple(1 << b for b in reversed(range(lanes.bit_length())) if count >> b & 1)
+        half = lanes // 2
+        if half not in widths or not self.has_op("zext", dtype, lanes):
             return None
         if count == half:
             return (half,)
@@ -111,9 +113,10 @@ class Isa:
         pieces = self.partial_pieces(dtype, lanes, count)
         if pieces is None or kind == "store":
             return pieces
-        half = self.narrow[dtype].lanes
-        one = len(pieces) == 1 and (pieces[0] == half
-                                    or (f"load_first{count}", f"{dtype}x{half}") in self.ops)
+        vectors = self.widths(dtype)[:-1]
+        one = len(pieces) == 1 and (pieces[0] in vectors
+                                    or (f"load_first{count}", f"{dtype}x{vectors[-1]}")
+                                    in self.ops)
         return pieces if one else None
 
     def _key(self, dtype: str, lanes: int | None) -> str:
@@ -307,7 +310,7 @@ AVX2 = Isa(
     header="immintrin.h",
     vectors={"f32": VectorType("__m256", 8), "f64": VectorType("__m256d", 4)},
     ops=_avx2_ops(),
-    narrow={"f32": VectorType("__m128", 4), "f64": VectorType("__m128d", 2)},
+    narrow={"f32": (VectorType("__m128", 4),), "f64": (VectorType("__m128d", 2),)},
     prelude=_AVX2_PRELUDE,
     register_constraint="x",
     requires=("avx2", "fma"),
@@ -315,15 +318,18 @@ AVX2 = Isa(
 
 
 def _avx512_ops() -> dict[tuple[str, str], str]:
-    """AVX-512 (F, DQ, VL): 512-bit vectors, and 256-bit ones for leftovers. Partial
-    vectors are masked moves with a mask register (``__mmask16``/``__mmask8``): one fast
-    instruction that suppresses faults on the lanes it leaves, so no ``load_first``
-    pieces."""
+    """AVX-512 (F, DQ, VL): 512-bit vectors, and 256- and 128-bit ones for leftovers (12
+    f32 as 8 + 4, each moved whole: a masked store into an operand the next call loads
+    makes that load wait, ``READ_BACK_CYCLES``). Partial vectors are masked moves with a
+    mask register (``__mmask16``/``__mmask8``): one fast instruction that suppresses
+    faults on the lanes it leaves, so no ``load_first`` pieces."""
     ops = {}
     # Lane i is on when i < count; a count <= 0 (a vector past the edge of C) clears all
     # lanes and one >= lanes sets all, as the AVX2 compare does.
     for dt, s, wide, narrow in (("f32", "ps", 16, 8), ("f64", "pd", 8, 4)):
-        for key, pre, lanes in ((dt, "_mm512", wide), (f"{dt}x{narrow}", "_mm256", narrow)):
+        levels = ((dt, "_mm512", wide), (f"{dt}x{narrow}", "_mm256", narrow),
+                  (f"{dt}x{narrow // 2}", "_mm", narrow // 2))
+        for key, pre, lanes in levels:
             ops.update({
                 ("load", key): f"{pre}_loadu_{s}({{addr}})",
                 ("store", key): f"{pre}_storeu_{s}({{addr}}, {{x}})",
@@ -340,7 +346,7 @@ def _avx512_ops() -> dict[tuple[str, str], str]:
         ops[("prefetch", dt)] = "_mm_prefetch((const char *)({addr}), _MM_HINT_T0)"
         ops[("hsum", dt)] = f"_mm512_reduce_add_{s}({{x}})"
         # ``Zip`` and ``Unzip``: one two-source permute (vpermt2ps) each
-        for key, pre, lanes in ((dt, "_mm512", wide), (f"{dt}x{narrow}", "_mm256", narrow)):
+        for key, pre, lanes in levels[:2]:
             ints = f"{pre}_setr_epi{32 if s == 'ps' else 64}{'x' if lanes == 4 else ''}"
             for name, lanes_of in (("zip_lo", lambda n: zip_lanes(n, 0)),
                                    ("zip_hi", lambda n: zip_lanes(n, 1)),
@@ -363,6 +369,16 @@ def _avx512_ops() -> dict[tuple[str, str], str]:
         # 128-bit quarter, and sixteen rows summed from four vectors at once
         ("quad_load", "f32"): "_mm512_broadcast_f32x4(_mm_loadu_ps({addr}))",
         ("sum_quarters", "f32"): "blacc_sum16x4_ps({x0}, {x1}, {x2}, {x3})",
+    })
+    # 128-bit sums and shuffles as AVX2 has them, and the 256-bit halves they come from
+    ops.update({key: op for key, op in _avx2_ops().items()
+                if key[1] in ("f32x4", "f64x2") and key[0] in (
+                    "hsum", "sum_lanes", "zip_lo", "zip_hi", "unzip_even", "unzip_odd")})
+    ops.update({
+        ("half_lo", "f32x8"): "_mm256_castps256_ps128({x})",
+        ("half_hi", "f32x8"): "_mm256_extractf128_ps({x}, 1)",
+        ("half_lo", "f64x4"): "_mm256_castpd256_pd128({x})",
+        ("half_hi", "f64x4"): "_mm256_extractf128_pd({x}, 1)",
     })
     return ops
 
@@ -392,7 +408,8 @@ AVX512 = Isa(
     header="immintrin.h",
     vectors={"f32": VectorType("__m512", 16), "f64": VectorType("__m512d", 8)},
     ops=_avx512_ops(),
-    narrow={"f32": VectorType("__m256", 8), "f64": VectorType("__m256d", 4)},
+    narrow={"f32": (VectorType("__m256", 8), VectorType("__m128", 4)),
+            "f64": (VectorType("__m256d", 4), VectorType("__m128d", 2))},
     prelude=_AVX512_PRELUDE,
     register_constraint="v",  # any of zmm0-31 ("x" is only the first 16)
     # 6 x 4 vectors and kc = 384 (B slivers then live in L2, not L1): on a Xeon with

@@ -19,8 +19,9 @@ per block, zipped into rows to be stored (``Zip``); the element-wise rest of the
 after another, can be read down its columns: its rows loaded and unzipped (``Unzip``;
 ``y = A*x`` with A n x 4 and the lanes along n, as gcc vectorizes it).
 
-Extents that are not multiples of the vector length end with a narrower vector
-(128-bit on AVX2) or a masked one — never a scalar tail where a vector op fits.
+Extents that are not multiples of the vector length end with narrower vectors
+(128-bit on AVX2; 256- and 128-bit on AVX-512) or a masked one — never a scalar tail
+where a vector op fits.
 Loops with few iterations are unrolled into straight-line code with constant
 offsets; longer ones stay loops. A long row of vectors is a loop over blocks of
 columns, with the broadcasts of the block's A elements hoisted out of it when they
@@ -141,6 +142,27 @@ def chunks(extent: int, widths: tuple[int, ...], one_tail: bool = False) -> list
         out.append(_Chunk(start, w, rest))
         start, rest = start + rest, 0
     return out
+
+
+def _sum_pieces(pieces: list[_Chunk], masks: bool) -> list[_Chunk]:
+    """``chunks`` of a sum on lanes, its leftover joined to accumulators it already has:
+    the row then ends in one horizontal sum, taken for several rows at once (sum_lanes),
+    not in a sum plus a scalar chain or a fold of two widths. With mask registers (one
+    fast masked load) all the rest after the widest vectors is one masked vector of
+    theirs (f64 7 as 4 + 3 of 4, not 4 + 2 + 1); else the last piece joins the
+    narrowest vector before it (f32 4 + 1 as 4 + 4 with one lane, 8 + 2 as 8 + 8 with
+    two), loaded with the moves it had (``Isa.plain_moves``)."""
+    if len(pieces) < 2:
+        return pieces
+    if masks:
+        wide = [c for c in pieces if c.width == pieces[0].width]
+        end = pieces[-1].start + pieces[-1].count
+        rest = end - wide[-1].start - wide[-1].width
+        return wide + ([_Chunk(end - rest, wide[0].width, rest)] if rest else [])
+    last, narrowest = pieces[-1], min(c.width for c in pieces[:-1])
+    if last.width >= narrowest:
+        return pieces
+    return [*pieces[:-1], _Chunk(last.start, narrowest, last.count)]
 
 
 # ----------------------------------------------------------------------------- addressing
@@ -358,7 +380,8 @@ class _Gen:
             return k.Halves(e, e)
         if e.lanes > 1 and 4 * e.lanes == lanes:  # a row of one quarter, for four rows
             if not (isinstance(e, k.Load) and e.count is None):
-                # (a quarter-wide value is no type of the target's; a load needs none)
+                # (a loaded row is in every quarter with one vbroadcastf32x4; a row
+                # computed on a quarter-wide vector would take shuffles to get there)
                 raise ScheduleError("four rows per vector take the other factor of their "
                                     "sums only as it is loaded")
             return k.quartered(e)
@@ -373,14 +396,8 @@ class _Gen:
                  else [(c, (p,)) for p, c in enumerate(ctxs)])
         if units and len(units[0][1]) == 4:  # the whole sum in one quarter of a vector
             pieces = [_Chunk(0, node.extent, node.extent)]
-        narrow = min((w for w in self.isa.widths(self.dt) if w > 1), default=1)
-        if (vectorized and pieces[-1].width == 1
-                and any(c.width == narrow for c in pieces)):
-            # a last single element joins the accumulators of the narrowest vector
-            # (f32 4 + 1 as 4 + 4 with one lane): the row then ends in one horizontal
-            # sum, taken for several rows at once (sum_lanes), not in a sum plus a
-            # scalar chain; a new accumulator width for it would cost more than it saves
-            pieces[-1] = _Chunk(pieces[-1].start, narrow, 1)
+        if vectorized:
+            pieces = _sum_pieces(pieces, self.isa.mask_registers)
         if vectorized and not _zero_padded(node.body, node.index):
             raise ScheduleError(f"sum over {node.index!r} cannot run on lanes: a term does "
                                 "not vanish on masked lanes")
@@ -867,7 +884,7 @@ def _hoist_broadcasts(gen: _Gen, body: list[k.Stmt], var: k.Var, budget: int,
     """Broadcasts of loads that do not depend on the loop variable ``var`` (an element
     of A for a loop along a row of C): (their declarations before the loop, the loop
     body and the statements ``after`` it rewritten to use them — a narrower broadcast
-    after it takes the low half), or None when there are more than ``budget``. C
+    after it takes the low half or quarter), or None when there are more than ``budget``. C
     compilers do not hoist a broadcast-load intrinsic out of a loop that stores."""
     written = {s.buf for s in nodes_of(tuple(body), k.Store)}  # buffers stored to inside
     inside = _set_inside(var, body)
@@ -889,11 +906,11 @@ def _hoist_broadcasts(gen: _Gen, body: list[k.Stmt], var: k.Var, budget: int,
 
     def reuse(x: object) -> object:
         if isinstance(x, k.Broadcast) and x.value in by_load:
-            v = by_load[x.value]
-            if x.lanes == v.lanes:
+            v: k.Expr = by_load[x.value]
+            if v.lanes % x.lanes == 0:  # the low half, quarter, ... (widths halve)
+                while v.lanes > x.lanes:
+                    v = k.Half(v, 0)
                 return v
-            if 2 * x.lanes == v.lanes:
-                return k.Half(v, 0)
         return x
 
     hoisted = set(found.values())

@@ -188,33 +188,42 @@ def _group(stmts: list[k.Stmt], i: int) -> list[int]:
 
 def _vector_stores(rows: list[k.Store], isa: Isa) -> list[list[k.Stmt]]:
     """Per row of the group, the statements that replace its store: the vector store at
-    the last row of each batch, nothing at the others; rows left over stay scalar, but
-    for rows held four per vector: those go in one masked store where the ISA has mask
-    registers (fewer rows than a vector has lanes, a multiple of four)."""
+    the last row of each batch, nothing at the others; rows left over stay scalar. Rows
+    held four per vector that do not fill one go in one masked store where the ISA has
+    mask registers (fewer rows than a vector has lanes, a multiple of four), before
+    narrower vectors are tried: four of their rows are summed in one full vector."""
     out: list[list[k.Stmt]] = [[r] for r in rows]
     start = 0
     while start < len(rows):
         widths = [w for w in isa.widths(rows[start].value.dtype) if w > 1]
-        for n in widths:
-            batch = rows[start:start + n]
-            value = _vectorize([r.value for r in batch], n, isa) if len(batch) == n else None
-            if value is not None:
-                for p in range(start, start + n):
-                    out[p] = []
-                out[start + n - 1] = [k.Store(batch[0].buf, batch[0].index, value)]
-                start += n
-                break
-        else:
-            start = _masked_batch(rows, start, widths, isa, out)
+        start = (_whole_batch(rows, start, widths[:1], isa, out)
+                 or _masked_batch(rows, start, widths, isa, out)
+                 or _whole_batch(rows, start, widths[1:], isa, out)
+                 or start + 1)
     return out
 
 
+def _whole_batch(rows: list[k.Store], start: int, widths: list[int], isa: Isa,
+                 out: list[list[k.Stmt]]) -> int | None:
+    """The rows from ``start`` that fill the widest of ``widths`` they can, joined into one
+    store placed in ``out``; where the next batch starts, or None."""
+    for n in widths:
+        batch = rows[start:start + n]
+        value = _vectorize([r.value for r in batch], n, isa) if len(batch) == n else None
+        if value is not None:
+            for p in range(start, start + n):
+                out[p] = []
+            out[start + n - 1] = [k.Store(batch[0].buf, batch[0].index, value)]
+            return start + n
+    return None
+
+
 def _masked_batch(rows: list[k.Store], start: int, widths: list[int], isa: Isa,
-                  out: list[list[k.Stmt]]) -> int:
+                  out: list[list[k.Stmt]]) -> int | None:
     """The most rows from ``start`` (a multiple of four, fewer than a vector's lanes) that
-    join into one masked store, placed in ``out``; where the next batch starts."""
+    join into one masked store, placed in ``out``; where the next batch starts, or None."""
     if not isa.mask_registers or not widths:
-        return start + 1
+        return None
     for m in range(min(len(rows) - start, widths[0] - 1) // 4 * 4, 0, -4):
         batch = rows[start:start + m]
         value = _vectorize([r.value for r in batch], widths[0], isa)
@@ -223,7 +232,7 @@ def _masked_batch(rows: list[k.Store], start: int, widths: list[int], isa: Isa,
                 out[p] = []
             out[start + m - 1] = [k.Store(batch[0].buf, batch[0].index, value, k.Const(m))]
             return start + m
-    return start + 1
+    return None
 
 
 def _vectorize(values: list[k.Expr], n: int, isa: Isa) -> k.Expr | None:
