@@ -318,7 +318,8 @@ def program_cost(module: k.Module, program: ix.Program, schedule: Sequence[OpSch
 #: Fitted to LGen's 510 cases on a Xeon with AVX-512, each timed with both ISAs: of the
 #: rules (call 0-32 cycles, gain 1.1-1.8) this one gave the best geomean, 1.06x over
 #: AVX2 alone (normalised by the loops' drift between the runs), with 4 cases below
-#: 0.9x (benchmarks/lgen/README.md, "AVX-512").
+#: 0.9x (benchmarks/lgen/README.md, "AVX-512"). Refitted after AVX-512 got 128-bit
+#: leftovers: the best rule (4 cycles, 1.4x) was 0.4% better, within noise.
 CALL_CYCLES = 4.0
 WIDER_GAIN = 1.5
 
