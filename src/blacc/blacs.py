@@ -14,6 +14,7 @@ standalone .c/.h pair.
 
 from __future__ import annotations
 
+import random
 import re
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
@@ -167,12 +168,15 @@ def _search_pool(candidates: tuple[ix.Program, ...], specs: tuple[ArgSpec, ...],
                  search: str, name: str) -> list[Candidate]:
     """The kernels a measuring search times for ``isa``: schedules of every index form of
     the program (``strategy.small.search_pool``), the best-modelled first for
-    'exhaustive', one per distinct C source, at most ``SEARCH_BUDGET``."""
+    'exhaustive' and in a random order for 'random', one per distinct C source, at most
+    ``SEARCH_BUDGET``."""
     ranked = [(cost, form, schedule) for i, form in enumerate(candidates)
               for cost, schedule in search_pool(options(form, specs, isa, keep=SEARCH_OPTIONS),
                                                 search, budget=SEARCH_BUDGET, seed=i)]
     if search == "exhaustive":
         ranked.sort(key=lambda c: c[0])
+    else:  # every form's draws in one random order: the first form must not fill the pool
+        random.Random(0).shuffle(ranked)
     pool: dict[str, Candidate] = {}
     for _, form, schedule in ranked:
         try:
