@@ -79,3 +79,27 @@ def test_tiny_case_builds_runs_and_verifies(tmp_path):
         assert r["verified"] is True and r["err"] <= 1.0
         assert r["case"] == "micro_blinf_n3_f32" and r["flops"] == 2 * 3 * 3 + 2 * 3
         assert r["median_ns"] > 0 and r["gflops"] > 0
+
+
+@pytest.mark.skipif(shutil.which("gcc") is None and shutil.which("cc") is None,
+                    reason="no C compiler")
+def test_model_fit_collects_and_judges_the_model(tmp_path, capsys):
+    """benchmarks/lgen/model_fit.py: one case's pool timed and written, then read back,
+    modelled again and judged: the regret is the pick's time over the fastest's."""
+    model_fit = _load("model_fit")
+    pools = tmp_path / "pools.jsonl"
+    model_fit.collect(pools, ["micro_smv_n2_f64"])
+    model_fit.collect(pools, ["micro_smv_n2_f64"])  # done already: not timed again
+    (entry,) = model_fit.load(pools)
+    assert entry["case"] == "micro_smv_n2_f64" and entry["candidates"]
+    assert all(c["ns"] > 0 for c in entry["candidates"])
+    model_fit.evaluate([entry], {"WINDOW": 0.0})
+    assert "regret" in capsys.readouterr().out
+    # two ISAs, the model right on one and wrong on the other, and the rule's choice
+    fake = {"candidates": [{"isa": "avx2", "cost": 10.0, "ns": 2.0},
+                           {"isa": "avx2", "cost": 12.0, "ns": 1.0},
+                           {"isa": "avx512", "cost": 5.0, "ns": 1.5}]}
+    got = model_fit.regrets([fake], call=0.0, gain=1.5)
+    assert got["avx2"] == [2.0] and got["avx512"] == [1.0]
+    assert got["rule"] == [1.5] and got["oracle ISA"] == [1.5]
+    assert model_fit.regrets([fake], call=0.0, gain=2.5)["rule"] == [2.0]

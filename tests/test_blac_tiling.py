@@ -133,6 +133,26 @@ def test_model_prefers_tiles_and_partial_chains():
     assert s.block[0] * s.block[1] * s.split >= 8
 
 
+def test_a_short_kernel_overlaps_the_next_call(monkeypatch):
+    """alpha = x'*A*y, A 4 x 32 f32 on AVX-512: about 20 instructions, so the next call
+    runs while this one's chain completes, and the model keeps one chain (it ran 2.74 ns,
+    two partial sums 3.16 ns). Charged its whole latency, it splits the chain; a long
+    reduction still gets partial chains (``test_model_prefers_tiles_and_partial_chains``)."""
+    from blacc.strategy import small
+
+    decls = dict(x=blacc.Vector(4, "f32"), A=blacc.Matrix(4, 32, "f32"),
+                 y=blacc.Vector(32, "f32"), alpha=blacc.Scalar("f32"))
+    p = plan("alpha = x'*A*y", target="avx512", **decls)
+    assert p.schedule[0].split == 1
+    monkeypatch.setattr(small, "WINDOW", 0)
+    (whole,) = small.choose(p.indexed, p.specs, AVX512)
+    assert whole.split > 1
+    split = build_module(p.indexed, p.specs, (whole,), AVX512, "t")
+    assert small.model_cost(p.module, 0, AVX512) > small.model_cost(split, 0, AVX512)
+    monkeypatch.undo()
+    assert small.model_cost(p.module, 0, AVX512) < small.model_cost(split, 0, AVX512)
+
+
 def _broadcasts_run(body: tuple[k.Stmt, ...], buf: str) -> int:
     """Broadcast loads of ``buf`` executed by ``body`` (loops count once per trip)."""
     total = 0
