@@ -26,6 +26,7 @@ import math
 import random
 import sys
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -63,8 +64,7 @@ def collect(path: Path, patterns: list[str] | None) -> None:
                 for c in blacs._search_pool(forms, specs, isa, "exhaustive", "k")]
         times = blacs._measurer(specs, blacs.host_isas()[-1])(pool * 3)
         rows = [{"isa": c.isa.name, "form": forms.index(c.indexed),
-                 "schedule": [[s.vector, *s.block, s.unroll, s.split, s.pairs, s.one_tail,
-                               s.quads] for s in c.schedule],
+                 "schedule": [asdict(s) for s in c.schedule],
                  "ns": min(times[i::len(pool)]) * 1e9} for i, c in enumerate(pool)]
         with path.open("a") as f:
             f.write(json.dumps({"case": case.cid, "candidates": rows}) + "\n")
@@ -72,10 +72,8 @@ def collect(path: Path, patterns: list[str] | None) -> None:
               flush=True)
 
 
-def _schedule(fields: list) -> OpSchedule:
-    vector, bu, bv, unroll, split, pairs, one_tail, quads = fields
-    return OpSchedule(vector, (bu, bv), unroll=unroll, split=split, pairs=pairs,
-                      one_tail=one_tail, quads=quads)
+def _schedule(fields: dict) -> OpSchedule:
+    return OpSchedule(**{**fields, "block": tuple(fields["block"])})
 
 
 def load(path: Path) -> list[dict]:
@@ -110,10 +108,8 @@ def regrets(cases: list[dict], call: float, gain: float) -> dict[str, list[float
             pick = min(mine, key=lambda c: c["cost"])
             out.setdefault(isa, []).append(pick["ns"] / min(c["ns"] for c in mine))
             picks.append(pick)
-        base = picks[0]["cost"] + call
-        chosen = max((i for i, p in enumerate(picks) if base >= gain * (p["cost"] + call)),
-                     default=0)
-        out["rule"].append(picks[chosen]["ns"] / fastest)
+        chosen = picks[small.worth_wider([p["cost"] for p in picks], call=call, gain=gain)]
+        out["rule"].append(chosen["ns"] / fastest)
         out["oracle ISA"].append(min(p["ns"] for p in picks) / fastest)
     return out
 

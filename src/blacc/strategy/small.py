@@ -335,19 +335,22 @@ def program_cost(module: k.Module, program: ix.Program, schedule: Sequence[OpSch
 #: AVX2 alone (normalised by the loops' drift between the runs), with 4 cases below
 #: 0.9x (benchmarks/lgen/README.md, "AVX-512"). Refitted after AVX-512 got 128-bit
 #: leftovers: 4 cycles and 1.4x were 0.4% better, within noise; fitted again on every
-#: candidate of an exhaustive search, timed (see ``WINDOW``), they were again the best,
-#: 0.5% better than 1.5x, and are now the rule.
+#: candidate of an exhaustive search, timed (see ``WINDOW``), they tie with the best
+#: (2 cycles, 1.5x; regret 1.0698 against 1.0697) and beat 4 cycles with 1.5x (1.0734),
+#: and are now the rule.
 CALL_CYCLES = 4.0
 WIDER_GAIN = 1.4
 
 
-def worth_wider(costs: Sequence[float]) -> int:
+def worth_wider(costs: Sequence[float], *, call: float | None = None,
+                gain: float | None = None) -> int:
     """Index of the ISA to use, given each one's ``program_cost``, narrowest first: the
-    widest whose modelled time, with ``CALL_CYCLES`` added, is at least ``WIDER_GAIN``
-    times shorter than the narrowest one's."""
-    base = costs[0] + CALL_CYCLES
-    return max((i for i, c in enumerate(costs) if base >= WIDER_GAIN * (c + CALL_CYCLES)),
-               default=0)
+    widest whose modelled time, with ``call`` (``CALL_CYCLES``) added, is at least
+    ``gain`` (``WIDER_GAIN``) times shorter than the narrowest one's."""
+    call = CALL_CYCLES if call is None else call
+    gain = WIDER_GAIN if gain is None else gain
+    base = costs[0] + call
+    return max((i for i, c in enumerate(costs) if base >= gain * (c + call)), default=0)
 
 
 def _registers(op: ix.Op, sched: OpSchedule) -> int:
