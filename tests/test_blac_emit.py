@@ -316,7 +316,7 @@ def test_a_vector_shared_by_a_register_tile_is_loaded_once(tmp_path):
     """A row of B used by every row of a C tile is loaded once per term and kept in a
     register (``BLACC_IN_REGISTER``): no two FMAs take the same memory operand, where gcc
     would fold the shared load into each of them and double the loads of the tile."""
-    decls = dict(A=M(4, 4), B=M(4, 48), C=M(4, 48))
+    decls = dict(A=M(4, 4), B=M(4, 16), C=M(4, 16))
     c_path, _, p = emit_and_run(tmp_path, "C = A*B", decls, "f64", "avx2")
     assert p.schedule[0].block[0] > 1  # several rows of C share each vector of B
     ir = printer.module(p.module)
@@ -365,5 +365,5 @@ def test_blocks_keep_shared_loads_only_when_they_fit_in_registers():
     vectors) is better kept in registers for every block of rows than loaded again."""
     fits = plan("C = A*B", target="avx2", A=M(12, 4), B=M(4, 4), C=M(12, 4))
     assert "barrier" not in printer.module(fits.module)
-    spills = plan("C = A*B", target="avx2", A=M(4, 4), B=M(4, 48), C=M(4, 48))
+    spills = plan("C = A*B", target="avx2", A=M(4, 4), B=M(4, 32), C=M(4, 32))
     assert "barrier" in printer.module(spills.module)

@@ -6,20 +6,24 @@ Three resources bound the time of one call from below, whatever the code does:
   multiply on an FMA pipe (a multiply-add counts once); ``FP_PIPES`` vector FMAs issue
   per cycle, ``lanes`` products each;
 * loads: every element of every array the BLAC reads is loaded at least once;
-  ``LOAD_PORTS`` full vectors per cycle;
+  ``FULL_VECTOR_LOADS`` full vectors per cycle;
 * stores: every element of every array it writes is stored at least once;
   ``STORE_PORTS`` full vectors per cycle.
 
 The bound is the case's flops over the largest of the three cycle counts. It is
 optimistic by construction (full vectors, no latency, no call, adds and scalings for
 free), so no implementation beats it, and an aim above it cannot be met by anyone. The
-port counts are the ones blacc's cost model uses for this core (``blacc.strategy.small``);
-the lanes are those of the detected instruction set.
+FMA pipes and store ports are the ones blacc's cost model uses for this core
+(``blacc.strategy.small``); the lanes are those of the detected instruction set.
 """
 
 from __future__ import annotations
 
-from blacc.strategy.small import FP_PIPES, LOAD_PORTS, STORE_PORTS
+from blacc.strategy.small import FP_PIPES, STORE_PORTS
+
+#: Loads of the widest vectors per cycle: Zen 3 loads two of 256 bits, Golden Cove two of
+#: 512 (the cost model counts three load pipes, for narrower loads).
+FULL_VECTOR_LOADS = 2
 
 #: Scalar multiplies of the BLAC's products, from (M, K, N) as in ``harness.SERIES``.
 PRODUCTS = {
@@ -40,7 +44,7 @@ def cycles(case, lanes: int) -> dict[str, float]:
     read = sum(o.size for o in arrays if o.role != "out")
     written = sum(o.size for o in arrays if o.written)
     return {"multiplies": PRODUCTS[case.blac](*case.dims) / (FP_PIPES * lanes),
-            "loads": read / (LOAD_PORTS * lanes),
+            "loads": read / (FULL_VECTOR_LOADS * lanes),
             "stores": written / (STORE_PORTS * lanes)}
 
 

@@ -264,7 +264,7 @@ def markdown(summary: list[dict], aims: dict, info: dict, config: dict,
     lines += ["The bound (`bound f/c`) is the case's flops over the most cycles that one of "
               "three resources needs, whatever the code: the multiplies of its products on "
               f"{bound.FP_PIPES} FMA pipes (m), loads of every array it reads on "
-              f"{bound.LOAD_PORTS} load ports (l), stores of every array it writes on "
+              f"{bound.FULL_VECTOR_LOADS} load ports (l), stores of every array it writes on "
               f"{bound.STORE_PORTS} store port (s), full vectors of "
               + ", ".join(f"{n} {dt}" for dt, n in lanes.items())
               + " lanes. It counts no latency, no call and no adds, so nothing can beat "
