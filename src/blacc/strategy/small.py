@@ -326,7 +326,7 @@ def program_cost(module: k.Module, program: ix.Program, schedule: Sequence[OpSch
                  isa: Isa) -> float:
     """Estimated cycles of ``module``, built from ``program`` with ``schedule``: the
     whole kernel at once, with the register need of its largest block."""
-    need = max(_registers(op, s) + _column_tile_registers(program, op, s, module)
+    need = max(_registers(program, op, s, module)
                for op, s in zip(program.ops, schedule, strict=True))
     return model_cost(module, need, isa)
 
@@ -358,14 +358,16 @@ def worth_wider(costs: Sequence[float], *, call: float | None = None,
     return max((i for i, c in enumerate(costs) if base >= gain * (c + call)), default=0)
 
 
-def _registers(op: ix.Op, sched: OpSchedule) -> int:
-    """Vector registers a block keeps live (``block_registers``), with an accumulator per
-    partial chain and per reduction nested in the body."""
+def _registers(program: ix.Program, op: ix.Op, sched: OpSchedule, module: k.Module) -> int:
+    """Vector registers a block of ``op`` keeps live (``block_registers``), with an
+    accumulator per partial chain and per reduction nested in the body, and what a column
+    tile keeps beside it (``_column_tile_registers``)."""
     bu, bv = sched.block
+    chains = sched.split * max(1, len(sums_of(op.body)))
     if (per := sched.rows_per_vector) > 1:  # two or four rows per accumulator, a row of B
         # shared by them
-        return -(-bu // per) * bv * sched.split * max(1, len(sums_of(op.body))) + bv + 1
-    return block_registers(bu, bv, sched.split * max(1, len(sums_of(op.body))))
+        return -(-bu // per) * bv * chains + bv + 1
+    return block_registers(bu, bv, chains) + _column_tile_registers(program, op, sched, module)
 
 
 def _column_tile_registers(program: ix.Program, op: ix.Op, sched: OpSchedule,
@@ -425,8 +427,8 @@ def options(program: ix.Program, specs: tuple[ArgSpec, ...], isa: Isa,
                 module = build_module(single, specs, (sched,), isa, "probe")
             except ScheduleError:
                 continue
-            need = _registers(op, sched) + _column_tile_registers(single, op, sched, module)
-            found.append((model_cost(module, need, isa), sched))
+            found.append((model_cost(module, _registers(single, op, sched, module), isa),
+                          sched))
             found.sort(key=lambda o: o[0])
             del found[keep:]
         if not found:
