@@ -9,10 +9,11 @@ single thread, medians of samples of at least 50 ms (blacc.bench.timing):
 Keys of a candidate: mc, kc, nc, mr, nr, ku, pfa, pfb (prefetch distances of A and B in k
 steps; 0 = none), bal (1: k blocks of equal length, the default; 0: kc-long blocks and a
 shorter last one), edges (1: the last column tile only as wide as it needs, the default;
-0: the full tile over padding), place (1: register tiles mr x nr over the operands in
-place, no packing, with mr, nr, ku, edges and jo, 1 for columns of tiles outside; 0:
-packed, the default); unspecified keys
-take the machine model's values. Kernels are called through blacc's CPython extension
+0: the full tile over padding), io (1: rows of register tiles outside, each A sliver
+staying in L1 while the B panel streams past it; 0: columns of tiles outside), place (1:
+register tiles mr x nr over the operands in place, no packing, with mr, nr, ku, edges and
+jo, 1 for columns of tiles outside; 0: packed, the default); unspecified keys take the
+machine model's values. Kernels are called through blacc's CPython extension
 where it builds (ctypes otherwise), as blacc.gemm calls them.
 """
 
@@ -36,7 +37,8 @@ def candidate_plan(text: str, dtype: str, shape: tuple[int, int, int]) -> Plan:
     mr, nr, lanes = packed_tile(dtype, tgt.isa)
     values = {"mc": base.get("mc", 144), "kc": base.get("kc", 256),
               "nc": base.get("nc", 4080), "ku": 4, "pfa": 0, "pfb": 0, "mr": mr, "nr": nr, "bal": 1,
-              "edges": 1, "place": 0, "jo": 0}
+              "edges": 1, "place": 0, "jo": 0,
+              "io": base.get("rows_outside", 0)}
     for item in filter(None, text.split(",")):
         key, _, value = item.partition("=")
         if key not in values:
@@ -51,7 +53,7 @@ def candidate_plan(text: str, dtype: str, shape: tuple[int, int, int]) -> Plan:
         return Plan("no_packing", params, schedule, strides)
     schedule = blis(v["mc"], v["kc"], v["nc"], v["mr"], v["nr"], v["ku"], lanes,
                     prefetch_a=v["pfa"], prefetch_b=v["pfb"], balanced=bool(v["bal"]),
-                    narrow_edges=bool(v["edges"]))
+                    narrow_edges=bool(v["edges"]), rows_outside=bool(v["io"]))
     return Plan("blis", params, schedule, (("C_s1", 1),))
 
 

@@ -9,6 +9,7 @@ import itertools
 import os
 import shutil
 import subprocess
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -131,25 +132,33 @@ def test_gemm_of_every_runnable_isa_against_guards(name, dtype, backend, rng,
     run_isolated(body, timeout=600)
 
 
-def test_avx512_packed_plan_is_the_measured_tile_and_kc():
-    """The packed plan takes the ISA's measured micro-kernel and kc; the A block then gets
-    at most half of L2 (the B slivers stream from L2 too)."""
+def test_avx512_packed_plan_is_the_measured_tile_with_rows_of_tiles_outside():
+    """The packed plan takes the ISA's measured micro-kernel. Its kc (384) is too long for
+    a B sliver to stay in L1, so rows of tiles run outside: the B panel gets half of L2,
+    with kc at most the ISA's; the A block is a few slivers."""
     from blacc.strategy.gemm import choose, register_tile
+    from blacc.target.blocking import KC_MIN
     from blacc.target.machine import DEFAULT_CACHES
 
-    machine = Machine("test", "x86_64", caches=DEFAULT_CACHES)
-    l2 = DEFAULT_CACHES[1].size
-    for dtype, size, nr in (("f32", 4, 64), ("f64", 8, 32)):
-        params = dict(choose(1000, 1000, 1000, dtype, machine=machine, isa=AVX512,
-                             b_unit_cols=True).params)
-        assert (params["mr"], params["nr"], params["kc"]) == (6, nr, 384)
-        assert params["mc"] % 6 == 0 and params["mc"] * 384 * size <= l2 // 2
+    for l2 in (DEFAULT_CACHES[1].size, 2 << 20):
+        caches = (DEFAULT_CACHES[0], replace(DEFAULT_CACHES[1], size=l2), DEFAULT_CACHES[2])
+        machine = Machine("test", "x86_64", caches=caches)
+        for dtype, size, nr in (("f32", 4, 64), ("f64", 8, 32)):
+            params = dict(choose(1000, 1000, 1000, dtype, machine=machine, isa=AVX512,
+                                 b_unit_cols=True).params)
+            assert (params["mr"], params["nr"], params["rows_outside"]) == (6, nr, 1)
+            assert KC_MIN <= params["kc"] <= AVX512.gemm_kc
+            assert params["kc"] * params["nc"] * size <= l2 // 2
+            assert params["mc"] % 6 == 0 and params["nc"] % nr == 0
+            if l2 == 2 << 20:  # the Xeon's L2: panels 1024 wide, 1 KiB rows
+                assert (params["kc"], params["nc"]) == (1024 // size, 1024)
         # in-place tiles still come from the register budget: 14 rows x 2 vectors
         assert register_tile(dtype, AVX512) == (14, 2 * AVX512.lanes(dtype),
                                                 AVX512.lanes(dtype))
     avx2 = dict(choose(1000, 1000, 1000, "f32", machine=machine, isa=AVX2,
                        b_unit_cols=True).params)
-    assert (avx2["mr"], avx2["nr"]) == (6, 16)  # AVX2 keeps the model's tile
+    assert (avx2["mr"], avx2["nr"]) == (6, 16)  # AVX2 keeps the model's tile and order
+    assert "rows_outside" not in avx2
 
 
 def _avx512_host(monkeypatch):

@@ -381,21 +381,22 @@ def test_scalar_lowering_is_the_same_for_both_isas():
 # ----------------------------------------------------------------------------- balanced k blocks
 
 
-def _k_blocks(schedule, k_: int, monkeypatch) -> list[int]:
-    """The k length of every packed B panel when ``schedule`` runs with this k."""
+def _b_panels(schedule, k_: int, monkeypatch, m: int = 3, n: int = 5
+              ) -> list[tuple[int, int]]:
+    """(columns, k length) of every packed B panel when ``schedule`` runs with this m, n
+    and k; the product is checked against NumPy."""
     from blacc.ir import interp
 
-    seen: list[int] = []
+    seen: list[tuple[int, int]] = []
     real = interp._pack
 
     def spy(s, env):
         if s.dst == "Bp":
-            seen.append(int(interp.evaluate(s.cols, env)))
+            seen.append((int(interp.evaluate(s.rows, env)), int(interp.evaluate(s.cols, env))))
         real(s, env)
 
     monkeypatch.setattr(interp, "_pack", spy)
     module = apply(matmul("f64"), schedule, name="gemm", known_strides={"C_s1": 1})
-    m, n = 3, 5
     rng = np.random.default_rng(k_)
     a, b = rng.uniform(-1, 1, (m, k_)), rng.uniform(-1, 1, (k_, n))
     c = np.zeros(m * n)
@@ -403,6 +404,11 @@ def _k_blocks(schedule, k_: int, monkeypatch) -> list[int]:
                      B_s0=n, B_s1=1, beta=0.0, C=c, C_s0=n, C_s1=1))
     np.testing.assert_allclose(c.reshape(m, n), a @ b, rtol=1e-12, atol=1e-12)
     return seen
+
+
+def _k_blocks(schedule, k_: int, monkeypatch) -> list[int]:
+    """The k length of every packed B panel when ``schedule`` runs with this k."""
+    return [kb for _, kb in _b_panels(schedule, k_, monkeypatch)]
 
 
 @pytest.mark.parametrize("k_, blocks", [
@@ -420,3 +426,15 @@ def test_unbalanced_k_tile_leaves_the_remainder_last(monkeypatch):
 
 def test_balanced_k_with_k_zero_runs_no_block(monkeypatch):
     assert _k_blocks(blis(6, 8, 16, 6, 8, 4, 4), 0, monkeypatch) == []
+
+
+@pytest.mark.parametrize("n, panels", [
+    (1, [1]), (40, [40]), (48, [48]), (70, [48, 22]), (96, [48, 48]), (100, [48, 48, 4]),
+])
+@pytest.mark.parametrize("rows_outside", [False, True])
+def test_balanced_b_panels_are_whole_slivers_and_no_wider_than_nc(n, panels, rows_outside,
+                                                                   monkeypatch):
+    """Panels of nc = 48 columns over slivers of 16: n = 70 runs 48 + 22 (not 35 + 35,
+    which would cut a sliver), and either order of the register tiles gives the product."""
+    schedule = blis(6, 8, 48, 6, 16, 4, 4, rows_outside=rows_outside)
+    assert [cols for cols, _ in _b_panels(schedule, 5, monkeypatch, m=7, n=n)] == panels

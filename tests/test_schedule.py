@@ -98,9 +98,10 @@ def test_records_are_frozen_hashable_values():
 
 def test_blis_and_no_packing_shapes():
     s = blis(12, 8, 32, 6, 16, 4, 8)
-    assert s == (Tile((("j", 32),)), Tile((("k", 8),), balanced=True), Pack("B", 16),
-                 Tile((("i", 12),)), Pack("A", 6), Tile((("j", 16), ("i", 6))), UnrollJam("k", 4),
-                 Vectorize("j", 8), NarrowEdges("j"))
+    assert s == (Tile((("j", 32),), balanced=True), Tile((("k", 8),), balanced=True),
+                 Pack("B", 16), Tile((("i", 12),)), Pack("A", 6), Tile((("j", 16), ("i", 6))),
+                 UnrollJam("k", 4), Vectorize("j", 8), NarrowEdges("j"))
+    assert blis(12, 8, 32, 6, 16, 4, 8, rows_outside=True)[5] == Tile((("i", 6), ("j", 16)))
     assert blis(12, 8, 32, 4, 4, 4)[-1] == UnrollJam("k", 4)  # lanes=1: no Vectorize
     assert no_packing(6, 16, 4, 8) == (Tile((("i", 6), ("j", 16))), UnrollJam("k", 4),
                                        Vectorize("j", 8))

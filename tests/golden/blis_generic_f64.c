@@ -439,8 +439,11 @@ int kernel(int64_t m, int64_t n, int64_t k, double alpha, const double *restrict
     if (!Bp) goto out_of_memory;
     Ap = (double *)aligned_alloc(64, (((size_t)(96) * sizeof(double) + 63) & ~(size_t)63));
     if (!Ap) goto out_of_memory;
-    for (int64_t j0 = 0; j0 < n; j0 += 32) {
-        int64_t j0_len = (32 < (n - j0) ? 32 : (n - j0));
+    int64_t j0_count = ((n + 31) / 32);
+    int64_t j0_step = ((((((n + (j0_count - 1)) / (j0_count > 1 ? j0_count : 1)) + 3) / 4) * 4) < 32 ? (((((n + (j0_count - 1)) / (j0_count > 1 ? j0_count : 1)) + 3) / 4) * 4) : 32);
+    for (int64_t j0_i = 0; j0_i < j0_count; j0_i += 1) {
+        int64_t j0 = (j0_i * j0_step);
+        int64_t j0_len = (j0_step < (n - j0) ? j0_step : (n - j0));
         int64_t k1_count = ((k + 7) / 8);
         int64_t k1_step = ((k + (k1_count - 1)) / (k1_count > 1 ? k1_count : 1));
         for (int64_t k1_i = 0; k1_i < k1_count; k1_i += 1) {

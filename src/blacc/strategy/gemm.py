@@ -26,20 +26,24 @@ from ..transform.schedule import (
 
 def blis(mc: int, kc: int, nc: int, mr: int, nr: int, ku: int, lanes: int = 1, *,
          prefetch_a: int = 0, prefetch_b: int = 0, balanced: bool = True,
-         narrow_edges: bool = True) -> Schedule:
+         narrow_edges: bool = True, rows_outside: bool = False) -> Schedule:
     """jc (nc) / pc (kc) / pack B / ic (mc) / pack A / jr (nr) / ir (mr) / micro-kernel.
 
-    The kc blocks are balanced unless ``balanced=False`` (k = 330 with kc = 320 runs
-    165 + 165, not 320 + 10): every block pays for reading and writing C around it, which a
-    short one cannot hide. With vectors, the last column tile is only as many vectors
-    wide as it needs unless ``narrow_edges=False`` (``NarrowEdges``)."""
+    The kc blocks and nc panels are balanced unless ``balanced=False`` (k = 330 with kc =
+    320 runs 165 + 165, not 320 + 10; panels in whole nr slivers): every block pays for
+    reading and writing C around it, which a short one cannot hide. With vectors, the
+    last column tile is only as many vectors wide as it needs unless
+    ``narrow_edges=False`` (``NarrowEdges``). ``rows_outside``: ir outside jr, so that
+    the mr x kc A sliver stays in L1 while the kc x nr B slivers of an L2-resident panel
+    stream past it (``Blocking.rows_outside``)."""
+    tiles = (("i", mr), ("j", nr)) if rows_outside else (("j", nr), ("i", mr))
     return (
-        Tile((("j", nc),)),
+        Tile((("j", nc),), balanced=balanced),
         Tile((("k", kc),), balanced=balanced),
         Pack("B", nr),
         Tile((("i", mc),)),
         Pack("A", mr),
-        Tile((("j", nr), ("i", mr))),
+        Tile(tiles),
         UnrollJam("k", ku),
         *((Vectorize("j", lanes),) if lanes > 1 else ()),
         *((NarrowEdges("j"),) if lanes > 1 and narrow_edges else ()),
@@ -125,8 +129,10 @@ def packed_tile(dtype: str, isa: Isa) -> tuple[int, int, int]:
 def _blis_plan(dtype: str, isa: Isa, machine: Machine, ku: int = 4) -> Plan:
     mr, nr, lanes = packed_tile(dtype, isa)
     blk = blis_blocking(machine, dtype_size=itemsize(dtype), mr=mr, nr=nr, kc=isa.gemm_kc)
-    params = (("mc", blk.mc), ("kc", blk.kc), ("nc", blk.nc), ("mr", mr), ("nr", nr), ("ku", ku))
-    return Plan("blis", params, blis(blk.mc, blk.kc, blk.nc, mr, nr, ku, lanes), (("C_s1", 1),))
+    params = (("mc", blk.mc), ("kc", blk.kc), ("nc", blk.nc), ("mr", mr), ("nr", nr), ("ku", ku),
+              *((("rows_outside", 1),) if blk.rows_outside else ()))
+    schedule = blis(blk.mc, blk.kc, blk.nc, mr, nr, ku, lanes, rows_outside=blk.rows_outside)
+    return Plan("blis", params, schedule, (("C_s1", 1),))
 
 
 def tile_shapes(isa: Isa) -> list[tuple[int, int]]:

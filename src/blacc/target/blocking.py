@@ -25,11 +25,13 @@ NC_MAX = 4096
 
 @dataclass(frozen=True)
 class Blocking:
-    """Macro-kernel block sizes: A block mc x kc (L2), B panel kc x nc (L3)."""
+    """Macro-kernel block sizes: A block mc x kc (L2), B panel kc x nc (L3); with
+    ``rows_outside``, the B panel in L2 and each mr x kc A sliver in L1 instead."""
 
     mc: int
     kc: int
     nc: int
+    rows_outside: bool = False
 
 
 def _level(machine: Machine, level: int) -> CacheLevel:
@@ -87,9 +89,9 @@ def blis_blocking(
     C_Bc = W3 - 1 - ceil(mc*kc*S / way3), divided among the cores sharing L3 (each may pack its
     own panel); nc = that budget / (kc*S), capped at NC_MAX.
 
-    A given ``kc`` (an ISA's measured one, ``Isa.gemm_kc``) replaces the L1 model. It is
-    larger than the model's, so B slivers stream from L2 as well: the A block then gets at
-    most half of L2.
+    A given ``kc`` (an ISA's measured one, ``Isa.gemm_kc``) replaces the L1 model: B
+    slivers that long do not stay in L1, so the blocking turns around
+    (``_rows_outside_blocking``): the small A sliver stays in L1 and the B panel in L2.
 
     Then kc is rounded down to a multiple of the unroll (4) within [64, 1024], mc to a multiple
     of mr within [mr, 1024], nc to a multiple of nr within [nr, 4096]. Missing cache levels use
@@ -100,10 +102,9 @@ def blis_blocking(
             raise ArgumentError(f"{name} must be a positive int, got {value!r}")
     s = dtype_size
     l1, l2, l3 = _level(machine, 1), _level(machine, 2), _level(machine, 3)
-
-    fixed_kc = kc is not None
-    if kc is None:
-        kc = (_kc_closed_form if closed_form else _kc_exact)(l1, s, mr, nr)
+    if kc is not None:
+        return _rows_outside_blocking(l2, s, mr, nr, kc)
+    kc = (_kc_closed_form if closed_form else _kc_exact)(l1, s, mr, nr)
     if kc is None:  # associativity too low for the model: give the two slivers half of L1
         kc = l1.size // (2 * (mr + nr) * s)
     kc = min(max(kc, KC_MIN), KC_MAX)
@@ -111,8 +112,6 @@ def blis_blocking(
 
     c_ac = l2.associativity - 1 - _ceil_div(nr * kc * s, l2.way_size)
     a_budget = c_ac * l2.way_size if c_ac > 0 else l2.size // 2
-    if fixed_kc:
-        a_budget = min(a_budget, l2.size // 2)
     mc = min(a_budget // (kc * s), MC_MAX)
     mc = max(mc - mc % mr, mr)
 
@@ -121,3 +120,29 @@ def blis_blocking(
     nc = min(b_budget // (kc * s), NC_MAX)
     nc = max(nc - nc % nr, nr)
     return Blocking(mc=mc, kc=kc, nc=nc)
+
+
+#: Columns of the B panel when rows of tiles run outside: each further panel packs all of
+#: A again, so the panel is as wide as a thousand-column product. Measured on the Xeon
+#: (docs/blocking.md, "Rows of tiles outside"): 1000^3 f32 207 GFLOPS with panels 1024
+#: wide at kc = 256, 199 with 512 at kc = 384.
+ROWS_OUTSIDE_NC = 1024
+
+#: A slivers per A block when rows of tiles run outside: each sliver is used across the
+#: whole panel while it sits in L1, so the block only sets how much is packed at once
+#: (48 to 192 rows ran alike).
+ROWS_OUTSIDE_SLIVERS = 16
+
+
+def _rows_outside_blocking(l2: CacheLevel, s: int, mr: int, nr: int, kc_max: int) -> Blocking:
+    """Blocking for a kc too long for the B sliver to stay in L1 (an ISA's measured kc):
+    ir outside jr. The mr x kc A sliver stays in L1 while the B slivers of a kc x nc panel,
+    held in half of L2, stream past it; the panel is ``ROWS_OUTSIDE_NC`` columns wide and
+    kc what then fits in that half (at most ``kc_max``, at least ``KC_MIN``), so f32 and
+    f64 panels have rows of the same bytes. mc is ``ROWS_OUTSIDE_SLIVERS`` slivers."""
+    budget = l2.size // 2
+    kc = min(max(budget // (ROWS_OUTSIDE_NC * s), KC_MIN), kc_max, KC_MAX)
+    kc -= kc % KC_UNROLL
+    nc = min(budget // (kc * s), NC_MAX)
+    nc = max(nc - nc % nr, nr)
+    return Blocking(mc=ROWS_OUTSIDE_SLIVERS * mr, kc=kc, nc=nc, rows_outside=True)

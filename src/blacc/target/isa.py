@@ -45,7 +45,8 @@ class Isa:
     requires: tuple[str, ...] = ()
     #: The packed GEMM micro-kernel as (rows, vectors), where measurement beat the first
     #: of ``strategy.gemm.tile_shapes``; and its kc, where it beat the L1 model's
-    #: (``target.blocking``). None: the model's.
+    #: (``target.blocking``; the B sliver then leaves L1, and this kc bounds the blocking
+    #: that keeps the A sliver there instead). None: the model's.
     gemm_tile: tuple[int, int] | None = None
     gemm_kc: int | None = None
     #: Register tiles as (rows, vectors), in order of preference, that run over the
@@ -414,9 +415,10 @@ AVX512 = Isa(
             "f64": (VectorType("__m256d", 4), VectorType("__m128d", 2))},
     prelude=_AVX512_PRELUDE,
     register_constraint="v",  # any of zmm0-31 ("x" is only the first 16)
-    # 6 x 4 vectors and kc = 384 (B slivers then live in L2, not L1): on a Xeon with
-    # AVX-512 and AMX, 1000^3 f32 175 GFLOPS against 157 for 14 x 2 at the model's kc =
-    # 224, f64 88 against 80 (docs/blocking.md, "AVX-512")
+    # 6 x 4 vectors and kc up to 384 (B slivers then live in L2, not L1, so rows of tiles
+    # run outside: target.blocking._rows_outside_blocking): on a Xeon with AVX-512 and
+    # AMX, 1000^3 f32 175 GFLOPS against 157 for 14 x 2 at the model's kc = 224, f64 88
+    # against 80 (docs/blocking.md, "AVX-512")
     gemm_tile=(6, 4),
     gemm_kc=384,
     # In place, 9 x 3 and 6 x 4 vectors with narrow edges beat both the packed plan and

@@ -216,10 +216,14 @@ def apply(op: Contraction, schedule: Schedule, *, name: str = "kernel",
             stmts.append(k.For(var, k.Const(0), outer_extent, size,
                                (k.Decl(length, k.minimum(size, outer_extent - var)), *inner)))
             return tuple(stmts)
-        # Equal tiles: count = ceil(extent / size), step = ceil(extent / count) <= size.
+        # Equal tiles: count = ceil(extent / size), step = ceil(extent / count) <= size,
+        # rounded up to whole tiles of the next loop over the same dimension (a panel of
+        # B split into whole slivers) but never past size, which the buffers are sized for.
         count, step, index = (k.Var(f"{dim}{depth}_{s}") for s in ("count", "step", "i"))
+        even = k.Bin("/", outer_extent + (count - 1), k.maximum(count, 1))
+        grain = next((s for d, s in plan.loops[depth + 1:] if d == dim), 1)
         stmts += [k.Decl(count, _ceil_div(outer_extent, size)),
-                  k.Decl(step, k.Bin("/", outer_extent + (count - 1), k.maximum(count, 1))),
+                  k.Decl(step, even if grain == 1 else k.minimum(_round_up(even, grain), size)),
                   k.For(index, k.Const(0), count, 1,
                         (k.Decl(var, index * step),
                          k.Decl(length, k.minimum(step, outer_extent - var)), *inner))]
