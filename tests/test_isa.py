@@ -137,7 +137,7 @@ def test_avx512_packed_plan_is_the_measured_tile_with_rows_of_tiles_outside():
     a B sliver to stay in L1, so rows of tiles run outside: the B panel gets half of L2,
     with kc at most the ISA's; the A block is a few slivers."""
     from blacc.strategy.gemm import choose, register_tile
-    from blacc.target.blocking import KC_MIN
+    from blacc.target.blocking import ROWS_OUTSIDE_KC_MIN
     from blacc.target.machine import DEFAULT_CACHES
 
     for l2 in (DEFAULT_CACHES[1].size, 2 << 20):
@@ -147,7 +147,7 @@ def test_avx512_packed_plan_is_the_measured_tile_with_rows_of_tiles_outside():
             params = dict(choose(1000, 1000, 1000, dtype, machine=machine, isa=AVX512,
                                  b_unit_cols=True).params)
             assert (params["mr"], params["nr"], params["rows_outside"]) == (6, nr, 1)
-            assert KC_MIN <= params["kc"] <= AVX512.gemm_kc
+            assert ROWS_OUTSIDE_KC_MIN <= params["kc"] <= AVX512.gemm_kc
             assert params["kc"] * params["nc"] * size <= l2 // 2
             assert params["mc"] % 6 == 0 and params["nc"] % nr == 0
             if l2 == 2 << 20:  # the Xeon's L2: panels 1024 wide, 1 KiB rows

@@ -128,6 +128,12 @@ def blis_blocking(
 #: wide at kc = 256, 199 with 512 at kc = 384.
 ROWS_OUTSIDE_NC = 1024
 
+#: The shortest kc when rows of tiles run outside: with less L2 the panel narrows
+#: instead, since every k block reads and writes C once more. On the Xeon, panels of
+#: 512 KiB (as half of a 1 MiB L2 would hold), 2048^3 f64: kc 128 x nc 512 98.0 GFLOPS,
+#: kc 64 x nc 1024 96.8.
+ROWS_OUTSIDE_KC_MIN = 128
+
 #: A slivers per A block when rows of tiles run outside: each sliver is used across the
 #: whole panel while it sits in L1, so the block only sets how much is packed at once
 #: (48 to 192 rows ran alike).
@@ -138,10 +144,11 @@ def _rows_outside_blocking(l2: CacheLevel, s: int, mr: int, nr: int, kc_max: int
     """Blocking for a kc too long for the B sliver to stay in L1 (an ISA's measured kc):
     ir outside jr. The mr x kc A sliver stays in L1 while the B slivers of a kc x nc panel,
     held in half of L2, stream past it; the panel is ``ROWS_OUTSIDE_NC`` columns wide and
-    kc what then fits in that half (at most ``kc_max``, at least ``KC_MIN``), so f32 and
-    f64 panels have rows of the same bytes. mc is ``ROWS_OUTSIDE_SLIVERS`` slivers."""
+    kc what then fits in that half (at most ``kc_max``, at least ``ROWS_OUTSIDE_KC_MIN``,
+    the panel narrower where that does not fit), so f32 and f64 panels have rows of the
+    same bytes. mc is ``ROWS_OUTSIDE_SLIVERS`` slivers."""
     budget = l2.size // 2
-    kc = min(max(budget // (ROWS_OUTSIDE_NC * s), KC_MIN), kc_max, KC_MAX)
+    kc = min(max(budget // (ROWS_OUTSIDE_NC * s), ROWS_OUTSIDE_KC_MIN), kc_max, KC_MAX)
     kc -= kc % KC_UNROLL
     nc = min(budget // (kc * s), NC_MAX)
     nc = max(nc - nc % nr, nr)
