@@ -349,7 +349,8 @@ def _crossing_stores(body: tuple[k.Stmt, ...], scratch: frozenset[str]) -> int:
                 slopes = [at(s.index, {**first, name: values[0] + 1}) for name, values in loops]
                 if base is None or None in slopes:
                     continue
-                size, width = itemsize(s.value.dtype), s.value.lanes * itemsize(s.value.dtype)
+                size = itemsize(s.value.dtype)
+                width = s.value.lanes * size
                 last = base
                 # how many of the store's executions start at each byte offset in a line
                 offsets = {base * size % CACHE_LINE: 1}
