@@ -161,6 +161,30 @@ def test_avx512_packed_plan_is_the_measured_tile_with_rows_of_tiles_outside():
     assert "rows_outside" not in avx2
 
 
+def test_avx512_packed_plan_on_amd_keeps_the_b_panel_in_l3():
+    """On AMD (Zen 4) the AVX-512 plan still runs rows of tiles outside, but the B panel
+    lives in L3 (half of this core's share) and kc is the longest A sliver that fits the
+    L1 ways but one; other vendors keep the panel in half of L2."""
+    from blacc.strategy.gemm import choose
+    from blacc.target.blocking import KC_MAX
+    from blacc.target.machine import CacheLevel
+
+    l1 = CacheLevel(1, 32 << 10, 8, 64, 1)
+    caches = (l1, CacheLevel(2, 1 << 20, 8, 64, 1), CacheLevel(3, 32 << 20, 16, 64, 2))
+    amd = Machine("zen4", "x86_64", caches=caches, vendor="AuthenticAMD")
+    intel = replace(amd, vendor="GenuineIntel")
+    for dtype, size, nr, kc, nc in (("f32", 4, 64, KC_MAX, 2048), ("f64", 8, 32, 596, 1728)):
+        params = dict(choose(1000, 1000, 1000, dtype, machine=amd, isa=AVX512,
+                             b_unit_cols=True).params)
+        assert (params["mr"], params["nr"], params["rows_outside"]) == (6, nr, 1)
+        assert (params["kc"], params["nc"]) == (kc, nc)
+        assert 6 * params["kc"] * size <= 7 * l1.way_size  # the A sliver in L1
+        assert params["kc"] * params["nc"] * size <= (32 << 20) // 2 // 2
+        other = dict(choose(1000, 1000, 1000, dtype, machine=intel, isa=AVX512,
+                            b_unit_cols=True).params)
+        assert other["kc"] * other["nc"] * size <= (1 << 20) // 2
+
+
 def _avx512_host(monkeypatch):
     """blacs on a (pretend) AVX-512 machine, whose ISA follows BLACC_ISA."""
     from blacc import blacs

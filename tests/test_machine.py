@@ -44,7 +44,10 @@ processor\t: 1
 Features\t: fp asimd
 """
 
-AMD_CPUINFO = "model name\t: AMD EPYC 7763\ncpu MHz\t\t: 2445.430\nflags\t\t: avx2 fma\n"
+AMD_CPUINFO = (
+    "vendor_id\t: AuthenticAMD\nmodel name\t: AMD EPYC 7763\ncpu MHz\t\t: 2445.430\n"
+    "flags\t\t: avx2 fma\n"
+)
 
 ZEN3_CACHES = (
     CacheLevel(1, 32 * 1024, 8, 64, 1),
@@ -99,6 +102,7 @@ def test_parse_cpuinfo_x86() -> None:
     assert {"avx2", "fma", "sse4_2"} <= info.features
     assert "avx512f" not in info.features
     assert info.mhz == pytest.approx(3200.0)  # nominal from the name, not the current 800 MHz
+    assert info.vendor == "GenuineIntel"
 
 
 def test_parse_cpuinfo_mhz_fallback() -> None:
@@ -114,6 +118,7 @@ def test_parse_cpuinfo_arm() -> None:
 def test_parse_cpuinfo_empty() -> None:
     info = parse_cpuinfo("")
     assert info.name == "unknown" and info.features == frozenset() and info.mhz is None
+    assert info.vendor == "unknown"
 
 
 def test_parse_sysfs_skips_instruction_cache(tmp_path: Path) -> None:
@@ -150,7 +155,7 @@ def test_read_machine_from_fixture_root(tmp_path: Path) -> None:
     (tmp_path / "proc").mkdir()
     (tmp_path / "proc/cpuinfo").write_text(AMD_CPUINFO)
     m = read_machine(tmp_path)
-    assert m.name == "AMD EPYC 7763"
+    assert m.name == "AMD EPYC 7763" and m.vendor == "AuthenticAMD"
     assert m.has("avx2", "fma") and m.has("AVX2") and not m.has("avx512f")
     assert m.cache(2) is not None and m.cache(2).size == 512 * 1024
     assert m.frequency_hz == pytest.approx(2445.43e6)

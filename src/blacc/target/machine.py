@@ -67,6 +67,7 @@ class Machine:
     caches: tuple[CacheLevel, ...] = DEFAULT_CACHES
     cores: int = 1
     frequency_hz: float | None = None
+    vendor: str = "unknown"  # /proc/cpuinfo vendor_id, e.g. GenuineIntel, AuthenticAMD
 
     def cache(self, level: int) -> CacheLevel | None:
         """The data/unified cache at `level` (1, 2, 3), or None if the machine has none."""
@@ -85,6 +86,7 @@ class Machine:
             "caches": [asdict(c) for c in self.caches],
             "cores": self.cores,
             "frequency_hz": self.frequency_hz,
+            "vendor": self.vendor,
         }
 
 
@@ -95,6 +97,7 @@ class CpuInfo:
     name: str = "unknown"
     features: frozenset[str] = frozenset()
     mhz: float | None = None  # nominal if the model name says "@ x GHz", else 'cpu MHz'
+    vendor: str = "unknown"
 
 
 _SIZE_RE = re.compile(r"^\s*(\d+)\s*([KMG]?)(?:i?B)?\s*$", re.IGNORECASE)
@@ -123,7 +126,7 @@ def parse_cpu_list(text: str) -> int:
 
 
 def parse_cpuinfo(text: str) -> CpuInfo:
-    """Model name, ISA flags and MHz from /proc/cpuinfo text (x86 'flags', arm 'Features').
+    """Model name, vendor, ISA flags and MHz from /proc/cpuinfo text (x86 'flags', arm 'Features').
 
     On arm 'asimd' is also reported as 'neon', the name kernels use for the same unit.
     """
@@ -143,7 +146,8 @@ def parse_cpuinfo(text: str) -> CpuInfo:
     features = {f.lower() for f in raw.split()}
     if "asimd" in features:
         features.add("neon")
-    return CpuInfo(name=name, features=frozenset(features), mhz=_mhz(name, fields))
+    return CpuInfo(name=name, features=frozenset(features), mhz=_mhz(name, fields),
+                   vendor=fields.get("vendor_id") or "unknown")
 
 
 def _mhz(name: str, fields: dict[str, str]) -> float | None:
@@ -233,6 +237,7 @@ def read_machine(root: str | os.PathLike[str] = "/") -> Machine:
         caches=caches or DEFAULT_CACHES,
         cores=_host_cores(),
         frequency_hz=freq,
+        vendor=info.vendor,
     )
 
 
