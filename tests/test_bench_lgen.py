@@ -96,9 +96,12 @@ def test_model_fit_collects_and_judges_the_model(tmp_path, capsys):
     model_fit.evaluate([entry], {"WINDOW": 0.0})
     assert "regret" in capsys.readouterr().out
     # two ISAs, the model right on one and wrong on the other, and the rule's choice
+    # (isa_cost: as modelled for the choice between ISAs, here the same)
     fake = {"candidates": [{"isa": "avx2", "cost": 10.0, "ns": 2.0},
                            {"isa": "avx2", "cost": 12.0, "ns": 1.0},
                            {"isa": "avx512", "cost": 5.0, "ns": 1.5}]}
+    for c in fake["candidates"]:
+        c["isa_cost"] = c["cost"]
     got = model_fit.regrets([fake], call=0.0, gain=1.5)
     assert got["avx2"] == [2.0] and got["avx512"] == [1.0]
     assert got["rule"] == [1.5] and got["oracle ISA"] == [1.5]

@@ -185,11 +185,11 @@ def test_avx512_packed_plan_on_amd_keeps_the_b_panel_in_l3():
         assert other["kc"] * other["nc"] * size <= (1 << 20) // 2
 
 
-def _avx512_host(monkeypatch):
+def _avx512_host(monkeypatch, **machine_fields):
     """blacs on a (pretend) AVX-512 machine, whose ISA follows BLACC_ISA."""
     from blacc import blacs
 
-    machine = _machine(*AVX512_FLAGS)
+    machine = replace(_machine(*AVX512_FLAGS), **machine_fields)
     monkeypatch.setattr(blacs, "host_target",
                         lambda: gemm_runtime.Target(machine, isa_for(machine)))
     return blacs
@@ -216,6 +216,34 @@ def test_small_programs_choose_avx2_or_avx512_on_an_avx512_host(monkeypatch):
     monkeypatch.setenv("BLACC_ISA", "avx512")
     assert blacs.host_isas() == (AVX512,)
     assert blacs.plan("y = A*x", **narrow).isa is AVX512
+
+
+def test_small_programs_on_zen4_count_512_bit_instructions_twice(monkeypatch):
+    """Zen 4 (AMD family 25) runs a 512-bit instruction over its 256-bit pipes, so the
+    choice between ISAs models each one issued twice: the wide C = A*B that fills 512-bit
+    vectors ties there (17.5 ns a call either way) and keeps AVX2; a 6 x 6 x 6 f32 product,
+    whose rows fit masked 512-bit vectors, still takes AVX-512 (6.4 ns against 12.4)."""
+    from blacc.strategy.small import program_cost
+
+    monkeypatch.delenv("BLACC_ISA", raising=False)
+    wide = dict(A=blacc.Matrix(4, 4, "f32"), B=blacc.Matrix(4, 64, "f32"),
+                C=blacc.Matrix(4, 64, "f32"))
+    micro = dict(A=blacc.Matrix(6, 6, "f32"), B=blacc.Matrix(6, 6, "f32"),
+                 C=blacc.Matrix(6, 6, "f32"))
+    xeon = _avx512_host(monkeypatch, vendor="GenuineIntel", family=6)
+    assert xeon.plan("C = A*B", **wide).isa is AVX512
+    zen4 = _avx512_host(monkeypatch, vendor="AuthenticAMD", family=25)
+    assert zen4.host_target().machine.vector_datapath == 256
+    assert zen4.plan("C = A*B", **wide).isa is AVX2
+    assert zen4.plan("C = A*B", **micro).isa is AVX512
+    for isa in (AVX2, AVX512):
+        p = zen4.plan("C = A*B", target=isa.name, **wide)
+        full, split = (program_cost(p.module, p.indexed, p.schedule, isa, datapath)
+                       for datapath in (0, 256))
+        if isa is AVX2:
+            assert split == full
+        else:  # every FMA, load and store of the kernel is on 512 bits
+            assert 1.6 * full < split <= 2 * full
 
 
 def test_worth_wider_needs_a_clear_modelled_gain():

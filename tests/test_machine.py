@@ -24,6 +24,7 @@ from blacc.target.machine import (
 X86_CPUINFO = """\
 processor\t: 0
 vendor_id\t: GenuineIntel
+cpu family\t: 6
 model name\t: Intel(R) Core(TM) i7-8700 CPU @ 3.20GHz
 cpu MHz\t\t: 800.123
 flags\t\t: fpu sse sse2 ssse3 sse4_1 sse4_2 avx avx2 fma f16c
@@ -45,7 +46,8 @@ Features\t: fp asimd
 """
 
 AMD_CPUINFO = (
-    "vendor_id\t: AuthenticAMD\nmodel name\t: AMD EPYC 7763\ncpu MHz\t\t: 2445.430\n"
+    "vendor_id\t: AuthenticAMD\ncpu family\t: 25\nmodel name\t: AMD EPYC 7763\n"
+    "cpu MHz\t\t: 2445.430\n"
     "flags\t\t: avx2 fma\n"
 )
 
@@ -102,7 +104,8 @@ def test_parse_cpuinfo_x86() -> None:
     assert {"avx2", "fma", "sse4_2"} <= info.features
     assert "avx512f" not in info.features
     assert info.mhz == pytest.approx(3200.0)  # nominal from the name, not the current 800 MHz
-    assert info.vendor == "GenuineIntel"
+    assert info.vendor == "GenuineIntel" and info.family == 6
+    assert Machine("x", "x86_64", vendor=info.vendor, family=info.family).vector_datapath == 0
 
 
 def test_parse_cpuinfo_mhz_fallback() -> None:
@@ -155,7 +158,8 @@ def test_read_machine_from_fixture_root(tmp_path: Path) -> None:
     (tmp_path / "proc").mkdir()
     (tmp_path / "proc/cpuinfo").write_text(AMD_CPUINFO)
     m = read_machine(tmp_path)
-    assert m.name == "AMD EPYC 7763" and m.vendor == "AuthenticAMD"
+    assert m.name == "AMD EPYC 7763" and m.vendor == "AuthenticAMD" and m.family == 25
+    assert m.vector_datapath == 256  # Zen 3/4: 256-bit pipes
     assert m.has("avx2", "fma") and m.has("AVX2") and not m.has("avx512f")
     assert m.cache(2) is not None and m.cache(2).size == 512 * 1024
     assert m.frequency_hz == pytest.approx(2445.43e6)

@@ -108,7 +108,7 @@ def regrets(cases: list[dict], call: float, gain: float) -> dict[str, list[float
             pick = min(mine, key=lambda c: c["cost"])
             out.setdefault(isa, []).append(pick["ns"] / min(c["ns"] for c in mine))
             picks.append(pick)
-        chosen = picks[small.worth_wider([p["cost"] for p in picks], call=call, gain=gain)]
+        chosen = picks[small.worth_wider([p["isa_cost"] for p in picks], call=call, gain=gain)]
         out["rule"].append(chosen["ns"] / fastest)
         out["oracle ISA"].append(min(p["ns"] for p in picks) / fastest)
     return out
@@ -119,9 +119,11 @@ def evaluate(cases: list[dict], setting: dict[str, float]) -> None:
     try:
         for name, value in setting.items():
             setattr(small, name, value)
+        datapath = blacs.host_target().machine.vector_datapath  # as blacs.plan chooses
         for case in cases:
             for c in case["candidates"]:
                 c["cost"] = small.program_cost(*c["cost_args"])
+                c["isa_cost"] = small.program_cost(*c["cost_args"], datapath)
         got = regrets(cases, small.CALL_CYCLES, small.WIDER_GAIN)
         best = min(RULES, key=lambda r: _geomean(regrets(cases, *r)["rule"]))
         label = ", ".join(f"{k}={v:g}" for k, v in setting.items()) or "as is"

@@ -95,7 +95,9 @@ def host_isas() -> tuple[Isa, ...]:
     small operands fill few of a 512-bit vector's lanes, wide outputs run up to 1.8x as
     fast on them. On a Xeon with AVX-512, LGen's 510 cases ran 1.10x as fast all on
     AVX-512 as all on AVX2 (geomean; 0.82x before AVX-512 had 128-bit leftovers), and
-    1.13x with the choice per program."""
+    1.13x with the choice per program. Zen 4 runs 512-bit instructions over 256-bit
+    pipes, and the choice models them so (``Machine.vector_datapath``): there AVX-512
+    pays only where its masks and 32 registers do."""
     isa = host_target().isa
     if isa is AVX512 and not requested_isa():
         return (AVX2, AVX512)
@@ -140,7 +142,9 @@ def plan(program: object, *, name: str = "blac_kernel", target: str | Isa | None
         if search == "model":
             # one plan per ISA by the model, and the one worth its wider vectors
             modelled = [_model_plan(typed, specs, isa, candidates, name) for isa in isas]
-            costs = [program_cost(p.module, p.indexed, p.schedule, p.isa) for p in modelled]
+            datapath = host_target().machine.vector_datapath
+            costs = [program_cost(p.module, p.indexed, p.schedule, p.isa, datapath)
+                     for p in modelled]
             return modelled[worth_wider(costs)]
         targets = isas  # timed against each other: the call's cost is in the timings
     else:

@@ -71,13 +71,16 @@ WINDOW = 128
 @dataclass
 class _Issue:
     """Instructions of a piece of code by the resource they occupy (``other``: integer
-    and branch instructions, which only take dispatch slots)."""
+    and branch instructions, which only take dispatch slots; ``pieces``: issues beyond the
+    first of instructions on vectors wider than the core's datapath, which take their
+    pipe again but no dispatch slot)."""
 
     fp: float = 0.0
     loads: float = 0.0
     stores: float = 0.0
     other: float = 0.0
     shuffles: float = 0.0
+    pieces: float = 0.0
 
     def __iadd__(self, o: _Issue) -> _Issue:
         self.fp += o.fp
@@ -85,15 +88,23 @@ class _Issue:
         self.stores += o.stores
         self.other += o.other
         self.shuffles += o.shuffles
+        self.pieces += o.pieces
         return self
 
     def scaled(self, n: int) -> _Issue:
         return _Issue(self.fp * n, self.loads * n, self.stores * n, self.other * n,
-                      self.shuffles * n)
+                      self.shuffles * n, self.pieces * n)
+
+    def split(self, pieces: int) -> _Issue:
+        """These instructions, each issued ``pieces`` times on its pipe."""
+        out = self.scaled(pieces)
+        out.pieces = self.pieces * pieces + self.total * (pieces - 1)
+        return out
 
     @property
     def total(self) -> float:
-        return self.fp + self.loads + self.stores + self.other + self.shuffles
+        """Instructions dispatched."""
+        return self.fp + self.loads + self.stores + self.other + self.shuffles - self.pieces
 
     @property
     def cycles(self) -> float:
@@ -112,84 +123,101 @@ def _uses(e: k.Expr, name: str) -> bool:
 
 
 def _expr_issue(e: k.Expr, acc: _Issue, isa: Isa, loop: str | None = None,
-                joined: set[k.Expr] | None = None) -> None:
+                joined: set[k.Expr] | None = None, datapath: int = 0) -> None:
     """Add the instructions of ``e`` to ``acc``. Inside a loop over ``loop``, a load whose
     address does not depend on it is hoisted out of the loop by the C compiler (B of
-    ``C(n x 4) = A*B(4x4)`` stays in registers across the rows): it costs nothing there."""
+    ``C(n x 4) = A*B(4x4)`` stays in registers across the rows): it costs nothing there.
+    ``datapath``: bits a core's vector units take at once (0: any vector); an instruction
+    on a wider vector issues once per piece (``_pieces``)."""
+    own = _Issue()
+    _node_issue(e, own, acc, isa, loop, joined, datapath)
+    acc += own.split(_pieces(e.lanes, e.dtype, datapath))
+
+
+def _pieces(lanes: int, dtype: str, datapath: int) -> int:
+    """How many times a core with a ``datapath``-bit vector unit issues an instruction on
+    ``lanes`` of ``dtype``: Zen 4 runs 512-bit instructions over its 256-bit pipes."""
+    return max(1, -(-lanes * itemsize(dtype) * 8 // datapath)) if datapath else 1
+
+
+def _node_issue(e: k.Expr, own: _Issue, acc: _Issue, isa: Isa, loop: str | None,
+                joined: set[k.Expr] | None, datapath: int) -> None:
+    """``_expr_issue``: the instructions of ``e`` itself into ``own``, those of its operands
+    into ``acc``."""
     if isinstance(e, k.Load):
         if loop is not None and not _uses(e.index, loop):
             return
         if e.count is None:
-            acc.loads += 1.0
+            own.loads += 1.0
         elif isa.plain_moves("load", e.dtype, e.lanes, k.const_value(e.count)):
-            acc.loads += 1.0  # one narrower load
+            own.loads += 1.0  # one narrower load
         else:
-            acc.loads += 1.0 if isa.mask_registers else MASKED_LOAD
+            own.loads += 1.0 if isa.mask_registers else MASKED_LOAD
     elif isinstance(e, k.Broadcast):
         if isinstance(e.value, k.Load) and e.value.count is None:
             # a broadcast straight from memory: a load of its own (not folded into an
             # FMA like a vector load) that also takes FP issue slots, measured on Zen 3;
             # C compilers leave it in a loop even where it is invariant (the lowering
             # hoists the ones that fit in registers itself)
-            acc.loads += 1.0
-            acc.fp += BROADCAST_FP
+            own.loads += 1.0
+            own.fp += BROADCAST_FP
         elif not isinstance(e.value, (k.Const, k.Var)):
             # a splat of a constant or of a scalar variable (alpha) is hoisted by the C
             # compiler; one of a computed value costs a shuffle
-            acc.fp += 1.0
-            _expr_issue(e.value, acc, isa, loop, joined)
+            own.fp += 1.0
+            _expr_issue(e.value, acc, isa, loop, joined, datapath)
     elif isinstance(e, (k.Fma, k.Bin)):
         if e.dtype in ("f32", "f64"):
-            acc.fp += 1.0
+            own.fp += 1.0
         for part in ((e.a, e.b, e.c) if isinstance(e, k.Fma) else (e.a, e.b)):
-            _expr_issue(part, acc, isa, loop, joined)
+            _expr_issue(part, acc, isa, loop, joined, datapath)
     elif isinstance(e, k.Halves):
         lo = e.lo
         if lo == e.hi and isinstance(lo, k.Load) and lo.count is None:
             # one load duplicated into both halves (vbroadcastf128): a load, no FP slot
-            _expr_issue(lo, acc, isa, loop, joined)
+            _expr_issue(lo, acc, isa, loop, joined, datapath)
             return
         if (quarter := k.quartered_load(e)) is not None:  # the same in four quarters
-            _expr_issue(quarter, acc, isa, loop, joined)
+            _expr_issue(quarter, acc, isa, loop, joined, datapath)
             return
         # joining two halves takes a shuffle (vinsertf128, its load folded)
-        acc.shuffles += 1.0
-        _expr_issue(lo, acc, isa, loop, joined)
-        _expr_issue(e.hi, acc, isa, loop, joined)
+        own.shuffles += 1.0
+        _expr_issue(lo, acc, isa, loop, joined, datapath)
+        _expr_issue(e.hi, acc, isa, loop, joined, datapath)
     elif isinstance(e, k.HalfSplat):
         # a shuffle with an immediate (vpermilps), its load folded; two rows joined from
         # two loads are joined once for all the lanes splatted from them (the C compiler
         # merges the repeated joins of a straight-line segment)
-        acc.shuffles += 1.0
+        own.shuffles += 1.0
         if isinstance(e.x, k.Halves) and joined is not None:
             if e.x in joined:
                 return
             joined.add(e.x)
-        _expr_issue(e.x, acc, isa, loop, joined)
+        _expr_issue(e.x, acc, isa, loop, joined, datapath)
     elif isinstance(e, k.Half):
         if e.which:  # the high half needs vextractf128; the low one is free
-            acc.shuffles += 1.0
+            own.shuffles += 1.0
         if joined is not None:  # both halves of one value (a wider sum folded) compute
             if e.x in joined:   # it once: the C compiler merges the repeated expression
                 return
             joined.add(e.x)
-        _expr_issue(e.x, acc, isa, loop, joined)
+        _expr_issue(e.x, acc, isa, loop, joined, datapath)
     elif isinstance(e, (k.Zip, k.Unzip)):
-        acc.shuffles += _zip_shuffles(e, isa)
-        _expr_issue(e.a, acc, isa, loop, joined)
-        _expr_issue(e.b, acc, isa, loop, joined)
+        own.shuffles += _zip_shuffles(e, isa)
+        _expr_issue(e.a, acc, isa, loop, joined, datapath)
+        _expr_issue(e.b, acc, isa, loop, joined, datapath)
     elif isinstance(e, k.SumLanes):
         # n vectors transposed and added: n - 1 adds and two shuffles per add; rows held
         # two or four per vector end in one permute more
         n = len(e.xs)
-        acc.fp += n - 1
-        acc.shuffles += 2 * (n - 1) + (e.rows_per_vector > 1)
+        own.fp += n - 1
+        own.shuffles += 2 * (n - 1) + (e.rows_per_vector > 1)
         for x in e.xs:
-            _expr_issue(x, acc, isa, loop, joined)
+            _expr_issue(x, acc, isa, loop, joined, datapath)
     elif isinstance(e, k.Reduce):
         # a shuffle and an add per halving; the shuffles mostly go to other pipes
-        acc.fp += max(1, e.x.lanes.bit_length() - 1)
-        _expr_issue(e.x, acc, isa, loop, joined)
+        own.fp += max(1, e.x.lanes.bit_length() - 1)
+        _expr_issue(e.x, acc, isa, loop, joined, datapath)
 
 
 def _zip_shuffles(e: k.Zip | k.Unzip, isa: Isa) -> float:
@@ -219,14 +247,15 @@ def _reduce_latency(e: k.Expr) -> int:
 
 
 def _cycles(body: tuple[k.Stmt, ...], isa: Isa, loop: str | None = None,
-            scratch: frozenset[str] = frozenset(), exposed: float = 1.0
+            scratch: frozenset[str] = frozenset(), exposed: float = 1.0, datapath: int = 0
             ) -> tuple[float, _Issue, int]:
     """(estimated cycles, instructions issued, dependent updates carried by variables
     declared outside ``body``) of straight-line code with loops. Straight-line code runs
     out of order: its time is its issue time or its longest chain of dependent updates,
     whichever is longer. A loop is a segment of its own, bound by issue or by the chain
     carried from one iteration to the next (an accumulator without partial sums).
-    ``exposed``: the share of a chain's latency that counts (``model_cost``)."""
+    ``exposed``: the share of a chain's latency that counts (``model_cost``); ``datapath``
+    as for ``_expr_issue``."""
     total = 0.0
     issue, segment = _Issue(), _Issue()
     local: set[str] = set()
@@ -240,12 +269,13 @@ def _cycles(body: tuple[k.Stmt, ...], isa: Isa, loop: str | None = None,
 
     for s in body:
         if isinstance(s, (k.Decl, k.Assign)):
-            _expr_issue(s.value, segment, isa, loop, joined)
+            _expr_issue(s.value, segment, isa, loop, joined, datapath)
             if isinstance(s, k.Decl):
                 local.add(s.var.name)
             else:
                 chains[s.var.name] = chains.get(s.var.name, 0) + 1
         elif isinstance(s, k.Store):
+            stores = segment.stores
             if s.count is None:
                 segment.stores += 1.0
             elif pieces := isa.plain_moves("store", s.value.dtype, s.value.lanes,
@@ -259,7 +289,11 @@ def _cycles(body: tuple[k.Stmt, ...], isa: Isa, loop: str | None = None,
                 # and loads are not forwarded from masked stores: they wait for it to
                 # reach the cache (AVX-512 on a Xeon: micro_gemam 5x5 f32 ran 4x slower)
                 segment.stores += MASKED_STORE
-            _expr_issue(s.value, segment, isa, loop, joined)
+            extra = ((segment.stores - stores)
+                     * (_pieces(s.value.lanes, s.value.dtype, datapath) - 1))
+            segment.stores += extra
+            segment.pieces += extra
+            _expr_issue(s.value, segment, isa, loop, joined, datapath)
             tail = max(tail, _reduce_latency(s.value))
         elif isinstance(s, k.For):
             total += close()
@@ -268,7 +302,8 @@ def _cycles(body: tuple[k.Stmt, ...], isa: Isa, loop: str | None = None,
             joined = set()
             chains = {n: c for n, c in chains.items() if n not in local}
             trips = max(0, (s.stop.value - s.start.value + s.step - 1) // s.step)
-            inner, inner_issue, carried = _cycles(s.body, isa, s.var.name, scratch, exposed)
+            inner, inner_issue, carried = _cycles(s.body, isa, s.var.name, scratch, exposed,
+                                                  datapath)
             inner_issue.other += 2  # the counter and the branch
             # each iteration also pays for its taken branch and the loop's bookkeeping
             total += max(trips * (inner_issue.cycles + LOOP_OVERHEAD),
@@ -280,17 +315,18 @@ def _cycles(body: tuple[k.Stmt, ...], isa: Isa, loop: str | None = None,
     return total, issue, outer
 
 
-def model_cost(module: k.Module, registers_needed: int, isa: Isa) -> float:
+def model_cost(module: k.Module, registers_needed: int, isa: Isa, datapath: int = 0) -> float:
     """Estimated cycles of a fixed-size kernel called again and again; a block that needs
     more vector registers than the target has spills (a store and a load per extra
-    register and use)."""
+    register and use). ``datapath``: as for ``_expr_issue``."""
     body = module.function(module.entry).body
     scratch = frozenset(s.buf for s in body if isinstance(s, k.Local))
-    cycles, issued, _ = _cycles(body, isa, scratch=scratch)
+    cycles, issued, _ = _cycles(body, isa, scratch=scratch, datapath=datapath)
     if issued.total < WINDOW:  # the next call starts before this one's chains end
-        cycles, _, _ = _cycles(body, isa, scratch=scratch, exposed=issued.total / WINDOW)
+        cycles, _, _ = _cycles(body, isa, scratch=scratch, exposed=issued.total / WINDOW,
+                               datapath=datapath)
     # the straight-line code outside loops, at the rate it can be fetched
-    straight = sum(_cycles((s,), isa, scratch=scratch)[1].total
+    straight = sum(_cycles((s,), isa, scratch=scratch, datapath=datapath)[1].total
                    for s in body if not isinstance(s, k.For))
     cycles = max(cycles, min(straight, OP_CACHE_INSTRUCTIONS) / DISPATCH
                  + max(0.0, straight - OP_CACHE_INSTRUCTIONS) / FRONTEND_RATE)
@@ -398,12 +434,13 @@ def _masked_into_inout(body: tuple[k.Stmt, ...], isa: Isa) -> bool:
 
 
 def program_cost(module: k.Module, program: ix.Program, schedule: Sequence[OpSchedule],
-                 isa: Isa) -> float:
+                 isa: Isa, datapath: int = 0) -> float:
     """Estimated cycles of ``module``, built from ``program`` with ``schedule``: the
-    whole kernel at once, with the register need of its largest block."""
+    whole kernel at once, with the register need of its largest block, on a core whose
+    vector units take ``datapath`` bits at once (0: any vector the ISA has)."""
     need = max(_registers(program, op, s, module)
                for op, s in zip(program.ops, schedule, strict=True))
-    return model_cost(module, need, isa)
+    return model_cost(module, need, isa, datapath)
 
 
 #: Choosing between ISAs of one machine (AVX2 and AVX-512): fixed cycles of a call that

@@ -68,6 +68,14 @@ class Machine:
     cores: int = 1
     frequency_hz: float | None = None
     vendor: str = "unknown"  # /proc/cpuinfo vendor_id, e.g. GenuineIntel, AuthenticAMD
+    family: int | None = None  # /proc/cpuinfo cpu family (x86)
+
+    @property
+    def vector_datapath(self) -> int:
+        """Bits the vector pipes take at once; 0 when any vector register fits. AMD family
+        25 (Zen 3, Zen 4) has 256-bit pipes and Zen 4 runs a 512-bit instruction over
+        them, taking each pipe twice."""
+        return 256 if self.vendor == "AuthenticAMD" and self.family == 25 else 0
 
     def cache(self, level: int) -> CacheLevel | None:
         """The data/unified cache at `level` (1, 2, 3), or None if the machine has none."""
@@ -87,6 +95,7 @@ class Machine:
             "cores": self.cores,
             "frequency_hz": self.frequency_hz,
             "vendor": self.vendor,
+            "family": self.family,
         }
 
 
@@ -98,6 +107,7 @@ class CpuInfo:
     features: frozenset[str] = frozenset()
     mhz: float | None = None  # nominal if the model name says "@ x GHz", else 'cpu MHz'
     vendor: str = "unknown"
+    family: int | None = None
 
 
 _SIZE_RE = re.compile(r"^\s*(\d+)\s*([KMG]?)(?:i?B)?\s*$", re.IGNORECASE)
@@ -126,7 +136,8 @@ def parse_cpu_list(text: str) -> int:
 
 
 def parse_cpuinfo(text: str) -> CpuInfo:
-    """Model name, vendor, ISA flags and MHz from /proc/cpuinfo text (x86 'flags', arm 'Features').
+    """Model name, vendor, family, ISA flags and MHz from /proc/cpuinfo text (x86 'flags',
+    arm 'Features').
 
     On arm 'asimd' is also reported as 'neon', the name kernels use for the same unit.
     """
@@ -146,8 +157,10 @@ def parse_cpuinfo(text: str) -> CpuInfo:
     features = {f.lower() for f in raw.split()}
     if "asimd" in features:
         features.add("neon")
+    family = fields.get("cpu family", "")
     return CpuInfo(name=name, features=frozenset(features), mhz=_mhz(name, fields),
-                   vendor=fields.get("vendor_id") or "unknown")
+                   vendor=fields.get("vendor_id") or "unknown",
+                   family=int(family) if family.isdigit() else None)
 
 
 def _mhz(name: str, fields: dict[str, str]) -> float | None:
@@ -238,6 +251,7 @@ def read_machine(root: str | os.PathLike[str] = "/") -> Machine:
         cores=_host_cores(),
         frequency_hz=freq,
         vendor=info.vendor,
+        family=info.family,
     )
 
 
