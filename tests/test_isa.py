@@ -222,7 +222,9 @@ def test_small_programs_on_zen4_count_512_bit_instructions_twice(monkeypatch):
     """Zen 4 (AMD family 25) runs a 512-bit instruction over its 256-bit pipes, so the
     choice between ISAs models each one issued twice: the wide C = A*B that fills 512-bit
     vectors ties there (17.5 ns a call either way) and keeps AVX2; a 6 x 6 x 6 f32 product,
-    whose rows fit masked 512-bit vectors, still takes AVX-512 (6.4 ns against 12.4)."""
+    whose rows fit masked 512-bit vectors, still takes AVX-512 (6.4 ns against 12.4), and
+    so does 7 x 7 x 7 f64 (14.7 ns against 25.0), whose broadcasts from memory take the
+    load pipes alone at any width."""
     from blacc.strategy.small import program_cost
 
     monkeypatch.delenv("BLACC_ISA", raising=False)
@@ -236,6 +238,8 @@ def test_small_programs_on_zen4_count_512_bit_instructions_twice(monkeypatch):
     assert zen4.host_target().machine.vector_datapath == 256
     assert zen4.plan("C = A*B", **wide).isa is AVX2
     assert zen4.plan("C = A*B", **micro).isa is AVX512
+    seven = {name: blacc.Matrix(7, 7, "f64") for name in "ABC"}
+    assert zen4.plan("C = A*B", **seven).isa is AVX512
     for isa in (AVX2, AVX512):
         p = zen4.plan("C = A*B", target=isa.name, **wide)
         full, split = (program_cost(p.module, p.indexed, p.schedule, isa, datapath)

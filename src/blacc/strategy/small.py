@@ -131,7 +131,12 @@ def _expr_issue(e: k.Expr, acc: _Issue, isa: Isa, loop: str | None = None,
     on a wider vector issues once per piece (``_pieces``)."""
     own = _Issue()
     _node_issue(e, own, acc, isa, loop, joined, datapath)
-    acc += own.split(_pieces(e.lanes, e.dtype, datapath))
+    acc += own.split(1 if _from_memory(e) else _pieces(e.lanes, e.dtype, datapath))
+
+
+def _from_memory(e: k.Expr) -> bool:
+    """A broadcast straight from memory, which the load pipes do at any width."""
+    return isinstance(e, k.Broadcast) and isinstance(e.value, k.Load) and e.value.count is None
 
 
 def _pieces(lanes: int, dtype: str, datapath: int) -> int:
