@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict
+from dataclasses import asdict, replace
 
 import numpy as np
 import pytest
@@ -111,6 +111,11 @@ def test_variant_follows_isa(monkeypatch) -> None:
     avx512 = select_variant(_machine(features=("avx2", "fma", "avx512f", "avx512dq",
                                                "avx512vl")))
     assert avx512.name == "avx512" and avx512.flops_per_cycle == {"float32": 64, "float64": 32}
+    zen4 = replace(_machine(features=("avx2", "fma", "avx512f", "avx512dq", "avx512vl")),
+                   vendor="AuthenticAMD", family=25)
+    split = select_variant(zen4)  # 512-bit FMAs over two 256-bit pipes
+    assert split.name == "avx512" and split.flops_per_cycle == {"float32": 32, "float64": 16}
+    assert split.flags == avx512.flags
 
 
 def _peak() -> Peak:

@@ -129,6 +129,9 @@ _AVX512 = IsaVariant(
     "avx512", ("-O2", "-DBLACC_PEAK_AVX512", "-mavx512f", "-mfma"),
     {"float32": 64, "float64": 32},
 )
+# Zen 4 runs a 512-bit FMA over its two 256-bit pipes (``Machine.vector_datapath``):
+# the same 32 f32 flops a cycle as AVX2.
+_AVX512_ON_256 = IsaVariant("avx512", _AVX512.flags, {"float32": 32, "float64": 16})
 # x86-64 without FMA: SSE2, one multiply and one add port, 4 f32 lanes each.
 _SSE2 = IsaVariant("sse2", ("-O2",), {"float32": 8, "float64": 4})
 # Other architectures: vector extensions; the pipe count varies by core.
@@ -140,7 +143,7 @@ def select_variant(machine: Machine) -> IsaVariant:
     (``target.isa.isa_for``), so the peak is of the code it runs."""
     isa = isa_for(machine).name
     if isa == "avx512":
-        return _AVX512
+        return _AVX512_ON_256 if machine.vector_datapath == 256 else _AVX512
     if isa == "avx2":
         return _AVX2
     if machine.arch.lower() in ("x86_64", "amd64"):
