@@ -34,8 +34,8 @@ def blis(mc: int, kc: int, nc: int, mr: int, nr: int, ku: int, lanes: int = 1, *
     reading and writing C around it, which a short one cannot hide. With vectors, the
     last column tile is only as many vectors wide as it needs unless
     ``narrow_edges=False`` (``NarrowEdges``). ``rows_outside``: ir outside jr, so that
-    the mr x kc A sliver stays in L1 while the kc x nr B slivers of an L2-resident panel
-    stream past it (``Blocking.rows_outside``)."""
+    the mr x kc A sliver stays in L1 while the kc x nr B slivers of a panel held in L2 (L3
+    on AMD) stream past it (``Blocking.rows_outside``)."""
     tiles = (("i", mr), ("j", nr)) if rows_outside else (("j", nr), ("i", mr))
     return (
         Tile((("j", nc),), balanced=balanced),

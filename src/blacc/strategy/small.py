@@ -131,7 +131,8 @@ def _expr_issue(e: k.Expr, acc: _Issue, isa: Isa, loop: str | None = None,
     on a wider vector issues once per piece (``_pieces``)."""
     own = _Issue()
     _node_issue(e, own, acc, isa, loop, joined, datapath)
-    acc += own.split(1 if _from_memory(e) else _pieces(e.lanes, e.dtype, datapath))
+    pieces = 1 if _from_memory(e) else _pieces(e.lanes, e.dtype, datapath)
+    acc += own if pieces == 1 else own.split(pieces)
 
 
 def _from_memory(e: k.Expr) -> bool:
@@ -159,7 +160,7 @@ def _node_issue(e: k.Expr, own: _Issue, acc: _Issue, isa: Isa, loop: str | None,
         else:
             own.loads += 1.0 if isa.mask_registers else MASKED_LOAD
     elif isinstance(e, k.Broadcast):
-        if isinstance(e.value, k.Load) and e.value.count is None:
+        if _from_memory(e):
             # a broadcast straight from memory: a load of its own (not folded into an
             # FMA like a vector load) that also takes FP issue slots, measured on Zen 3;
             # C compilers leave it in a loop even where it is invariant (the lowering

@@ -153,6 +153,12 @@ def _rows_outside_blocking(l2: CacheLevel, s: int, mr: int, nr: int, kc_max: int
     same bytes. mc is ``ROWS_OUTSIDE_SLIVERS`` slivers."""
     budget = l2.size // 2
     kc = min(max(budget // (ROWS_OUTSIDE_NC * s), ROWS_OUTSIDE_KC_MIN), kc_max, KC_MAX)
+    return _rows_outside(kc, budget, s, mr, nr)
+
+
+def _rows_outside(kc: int, budget: int, s: int, mr: int, nr: int) -> Blocking:
+    """Rows of tiles outside: kc rounded down to the unroll, the B panel as many whole
+    slivers wide as ``budget`` bytes hold, and ``ROWS_OUTSIDE_SLIVERS`` A slivers."""
     kc -= kc % KC_UNROLL
     nc = min(budget // (kc * s), NC_MAX)
     nc = max(nc - nc % nr, nr)
@@ -164,7 +170,8 @@ def _rows_outside_blocking(l2: CacheLevel, s: int, mr: int, nr: int, kc_max: int
 #: kernel reads 11 bytes of B a cycle at one 512-bit FMA a cycle). There the panel lives
 #: in L3 and kc is as long as L1 holds the A sliver: fewer passes over C, fewer packings
 #: of A. Zen 4, 1 MiB L2, 2048^3: f32 102.3 -> 110.4 GFLOPS, f64 50.2 -> 54.9 (the panel
-#: in half of L2 against kc 512, nc 2048; docs/blocking.md, "The B panel in L3"). On
+#: in half of L2 against kc 512, nc 2048; docs/blocking.md, "AVX-512 on AMD: the B
+#: panel in L3"). On
 #: the Xeon a 3 MiB panel halved f64 (52.6 GFLOPS against 103.6).
 L3_PANEL_VENDORS = frozenset({"AuthenticAMD"})
 
@@ -174,8 +181,4 @@ def _l3_panel_blocking(l1: CacheLevel, l3: CacheLevel, s: int, mr: int, nr: int)
     sliver that fits the L1 ways but one (the B slivers stream through the last); the
     panel gets half of this core's share of L3. mc is ``ROWS_OUTSIDE_SLIVERS`` slivers."""
     kc = min(max((l1.associativity - 1) * l1.way_size // (mr * s), KC_MIN), KC_MAX)
-    kc -= kc % KC_UNROLL
-    budget = l3.size // max(l3.shared_by, 1) // 2
-    nc = min(budget // (kc * s), NC_MAX)
-    nc = max(nc - nc % nr, nr)
-    return Blocking(mc=ROWS_OUTSIDE_SLIVERS * mr, kc=kc, nc=nc, rows_outside=True)
+    return _rows_outside(kc, l3.size // max(l3.shared_by, 1) // 2, s, mr, nr)
