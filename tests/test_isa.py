@@ -171,7 +171,7 @@ def test_avx512_packed_plan_on_amd_keeps_the_b_panel_in_l3():
 
     l1 = CacheLevel(1, 32 << 10, 8, 64, 1)
     caches = (l1, CacheLevel(2, 1 << 20, 8, 64, 1), CacheLevel(3, 32 << 20, 16, 64, 2))
-    amd = Machine("zen4", "x86_64", caches=caches, vendor="AuthenticAMD")
+    amd = Machine("zen4", "x86_64", caches=caches, vendor="AuthenticAMD", family=25)
     intel = replace(amd, vendor="GenuineIntel")
     for dtype, size, nr, kc, nc in (("f32", 4, 64, KC_MAX, 2048), ("f64", 8, 32, 596, 1728)):
         params = dict(choose(1000, 1000, 1000, dtype, machine=amd, isa=AVX512,
@@ -183,6 +183,30 @@ def test_avx512_packed_plan_on_amd_keeps_the_b_panel_in_l3():
         other = dict(choose(1000, 1000, 1000, dtype, machine=intel, isa=AVX512,
                             b_unit_cols=True).params)
         assert other["kc"] * other["nc"] * size <= (1 << 20) // 2
+
+
+def test_avx512_packed_plan_on_zen5_keeps_each_b_sliver_in_l2():
+    """Where AMD's vector pipes take whole 512-bit vectors (family 26, Zen 5), the B
+    panel stays in L3 but columns of tiles run outside: each kc x nr B sliver stays in L2,
+    beside the next one and a small A block, while the A slivers pass it."""
+    from blacc.strategy.gemm import choose
+    from blacc.target.machine import CacheLevel
+
+    l1, l2 = CacheLevel(1, 48 << 10, 12, 64, 1), CacheLevel(2, 1 << 20, 16, 64, 1)
+    zen5 = Machine("zen5", "x86_64", caches=(l1, l2, CacheLevel(3, 32 << 20, 16, 64, 2)),
+                   vendor="AuthenticAMD", family=26)
+    assert zen5.vector_datapath == 0
+    for dtype, size, nr, kc, mc, nc in (("f32", 4, 64, 1024, 108, 2048),
+                                        ("f64", 8, 32, 936, 60, 1120)):
+        params = dict(choose(1000, 1000, 1000, dtype, machine=zen5, isa=AVX512,
+                             b_unit_cols=True).params)
+        assert "rows_outside" not in params
+        assert (params["mr"], params["nr"]) == (6, nr)
+        assert (params["kc"], params["mc"], params["nc"]) == (kc, mc, nc)
+        way2 = l2.size // l2.associativity
+        sliver_ways = -(-nr * kc * size // way2)
+        assert params["mc"] * kc * size + 2 * sliver_ways * way2 <= l2.size - way2
+        assert params["kc"] * params["nc"] * size <= (32 << 20) // 2 // 2
 
 
 def _avx512_host(monkeypatch, **machine_fields):

@@ -93,7 +93,8 @@ def blis_blocking(
     slivers that long do not stay in L1, so the blocking turns around
     (``_rows_outside_blocking``): the small A sliver stays in L1 and the B panel in L2;
     on the vendors of ``L3_PANEL_VENDORS`` the panel is in L3 instead
-    (``_l3_panel_blocking``).
+    (``_l3_panel_blocking``), and where the vector pipes take whole 512-bit vectors each B
+    sliver is held in L2 (``_b_sliver_in_l2``).
 
     Then kc is rounded down to a multiple of the unroll (4) within [64, 1024], mc to a multiple
     of mr within [mr, 1024], nc to a multiple of nr within [nr, 4096]. Missing cache levels use
@@ -106,7 +107,7 @@ def blis_blocking(
     l1, l2, l3 = _level(machine, 1), _level(machine, 2), _level(machine, 3)
     if kc is not None:
         if machine.vendor in L3_PANEL_VENDORS:
-            return _l3_panel_blocking(l1, l3, s, mr, nr)
+            return _l3_panel_blocking(l1, l2, l3, s, mr, nr, machine.vector_datapath)
         return _rows_outside_blocking(l2, s, mr, nr, kc)
     kc = (_kc_closed_form if closed_form else _kc_exact)(l1, s, mr, nr)
     if kc is None:  # associativity too low for the model: give the two slivers half of L1
@@ -160,25 +161,50 @@ def _rows_outside(kc: int, budget: int, s: int, mr: int, nr: int) -> Blocking:
     """Rows of tiles outside: kc rounded down to the unroll, the B panel as many whole
     slivers wide as ``budget`` bytes hold, and ``ROWS_OUTSIDE_SLIVERS`` A slivers."""
     kc -= kc % KC_UNROLL
+    return Blocking(mc=ROWS_OUTSIDE_SLIVERS * mr, kc=kc, nc=_panel_width(kc, budget, s, nr),
+                    rows_outside=True)
+
+
+def _panel_width(kc: int, budget: int, s: int, nr: int) -> int:
+    """Columns of a kc x nc B panel in ``budget`` bytes: whole slivers, at most NC_MAX."""
     nc = min(budget // (kc * s), NC_MAX)
-    nc = max(nc - nc % nr, nr)
-    return Blocking(mc=ROWS_OUTSIDE_SLIVERS * mr, kc=kc, nc=nc, rows_outside=True)
+    return max(nc - nc % nr, nr)
 
 
 #: Vendors whose L3 feeds a core's L2 fast enough to stream the B panel to the AVX-512
-#: micro-kernel (AMD Zen: an L3 per core complex, 32 bytes a cycle to each L2; the
-#: kernel reads 11 bytes of B a cycle at one 512-bit FMA a cycle). There the panel lives
-#: in L3 and kc is as long as L1 holds the A sliver: fewer passes over C, fewer packings
-#: of A. Zen 4, 1 MiB L2, 2048^3: f32 102.3 -> 110.4 GFLOPS, f64 50.2 -> 54.9 (the panel
-#: in half of L2 against kc 512, nc 2048; docs/blocking.md, "AVX-512 on AMD: the B
-#: panel in L3"). On
-#: the Xeon a 3 MiB panel halved f64 (52.6 GFLOPS against 103.6).
+#: micro-kernel (AMD Zen: an L3 per core complex, 32 bytes a cycle to each L2). There the
+#: panel lives in L3 and kc is as long as L1 holds an A sliver: fewer passes over C, fewer
+#: packings of A. Zen 4, 1 MiB L2, 2048^3: f32 102.3 -> 110.4 GFLOPS, f64 50.2 -> 54.9
+#: (the panel in half of L2 against kc 512, nc 2048; docs/blocking.md, "AVX-512 on AMD:
+#: the B panel in L3"). On the Xeon a 3 MiB panel halved f64 (52.6 GFLOPS against 103.6).
 L3_PANEL_VENDORS = frozenset({"AuthenticAMD"})
 
 
-def _l3_panel_blocking(l1: CacheLevel, l3: CacheLevel, s: int, mr: int, nr: int) -> Blocking:
-    """Rows of tiles outside with the kc x nc B panel in L3: kc is the longest mr x kc A
-    sliver that fits the L1 ways but one (the B slivers stream through the last); the
-    panel gets half of this core's share of L3. mc is ``ROWS_OUTSIDE_SLIVERS`` slivers."""
+def _l3_panel_blocking(l1: CacheLevel, l2: CacheLevel, l3: CacheLevel, s: int, mr: int,
+                       nr: int, datapath: int) -> Blocking:
+    """The kc x nc B panel in half of this core's share of L3, kc the longest mr x kc A
+    sliver that fits the L1 ways but one.
+
+    Where 512-bit FMAs take the 256-bit pipes twice (``datapath`` 256, Zen 4), the kernel
+    reads 11 bytes of B a cycle and B slivers stream from L3 past the A sliver in L1 (rows
+    of tiles outside, ``ROWS_OUTSIDE_SLIVERS`` A slivers). At two whole 512-bit FMAs a
+    cycle (Zen 5) it would read 21 of the 32 bytes a cycle L3 gives: there each kc x nr B
+    sliver stays in L2 while the A slivers of a small block pass it (columns of tiles
+    outside, `_b_sliver_in_l2`)."""
     kc = min(max((l1.associativity - 1) * l1.way_size // (mr * s), KC_MIN), KC_MAX)
-    return _rows_outside(kc, l3.size // max(l3.shared_by, 1) // 2, s, mr, nr)
+    budget = l3.size // max(l3.shared_by, 1) // 2
+    if datapath:
+        return _rows_outside(kc, budget, s, mr, nr)
+    return _b_sliver_in_l2(l2, kc, budget, s, mr, nr)
+
+
+def _b_sliver_in_l2(l2: CacheLevel, kc: int, budget: int, s: int, mr: int, nr: int) -> Blocking:
+    """Columns of tiles outside with both slivers of a micro call in L2: the B sliver in use
+    and the next one, streaming in from the L3 panel, take ``ceil(nr*kc*S / way2)`` ways
+    each, one way is left for C, and the mc x kc A block gets the rest. mc from 24 to 96
+    rows ran alike on Zen 5 (f64 kc 936), all 4-6% above rows of tiles outside."""
+    kc -= kc % KC_UNROLL
+    a_ways = l2.associativity - 1 - 2 * _ceil_div(nr * kc * s, l2.way_size)
+    mc = min(max(a_ways, 1) * l2.way_size // (kc * s), MC_MAX)
+    mc = max(mc - mc % mr, mr)
+    return Blocking(mc=mc, kc=kc, nc=_panel_width(kc, budget, s, nr))
