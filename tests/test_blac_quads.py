@@ -144,7 +144,7 @@ def test_quads_refuse_layouts_they_cannot_take():
         build_module(p.indexed, p.specs, (OpSchedule(v, (16, 1), quads=True),), AVX2, "x")
     out = plan("C = A*B", target="avx512", A=M(16, 4, "f32"), B=M(4, 16, "f32"),
                C=M(16, 16, "f32"))
-    with pytest.raises(ScheduleError, match="only for sums on lanes"):
+    with pytest.raises(ScheduleError, match="four rows per vector need 4 columns"):
         build_module(out.indexed, out.specs, (OpSchedule("j", (4, 1), quads=True),), AVX512,
                      "x")
     # rows of A 8 elements apart (a leading dimension): not one load of four rows

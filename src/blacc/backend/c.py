@@ -144,7 +144,8 @@ class _Renderer:
             return self.isa.op("halves", e.dtype, e.lanes).format(lo=self.expr(lo),
                                                                   hi=self.expr(e.hi))
         if isinstance(e, k.HalfSplat):
-            return self.isa.op(f"half_splat{e.lane}", e.dtype, e.lanes).format(
+            name = "half_splat" if e.parts == 2 else "quarter_splat"
+            return self.isa.op(f"{name}{e.lane}", e.dtype, e.lanes).format(
                 x=self.expr(e.x))
         name = "half_hi" if e.which else "half_lo"
         return self.isa.op(name, e.dtype, e.x.lanes).format(x=self.expr(e.x))

@@ -274,7 +274,8 @@ class _FunctionWriter:
         x = self.expr(e.x)
         h = x.lanes // 2
         if isinstance(e, k.HalfSplat):
-            mask = [e.lane] * h + [h + e.lane] * h
+            w = x.lanes // e.parts
+            mask = [p * w + e.lane for p in range(e.parts) for _ in range(w)]
         elif h == 1:
             return self.value(f"extractelement {x.typed}, i64 {e.which}", e.dtype)
         else:

@@ -78,7 +78,7 @@ def evaluate(e: k.Expr, env: _Env) -> Any:
         return np.concatenate([np.atleast_1d(evaluate(e.lo, env)),
                                np.atleast_1d(evaluate(e.hi, env))])
     if isinstance(e, k.HalfSplat):
-        x = evaluate(e.x, env).reshape(2, -1)
+        x = evaluate(e.x, env).reshape(e.parts, -1)
         return np.repeat(x[:, e.lane], x.shape[1])
     if isinstance(e, k.Half):
         x = evaluate(e.x, env)

@@ -185,16 +185,20 @@ def quartered_load(e: Expr) -> Load | None:
 class HalfSplat(Expr):
     """Lane ``lane`` of each half of ``x`` copied into every lane of that half: with
     rows i and i+1 of A in the two halves, A[i, k] x 4 and A[i+1, k] x 4 for one FMA on
-    two rows of C (AVX2: ``vpermilps`` with an immediate)."""
+    two rows of C (AVX2: ``vpermilps`` with an immediate). With ``parts`` 4, the same
+    within each quarter: four rows of A, four rows of C (AVX-512 f32, ``vpermilps``)."""
 
     x: Expr
     lane: int
+    parts: int = 2
 
     def __post_init__(self) -> None:
-        _check_halves("HalfSplat", self.x.lanes)
-        if not 0 <= self.lane < self.x.lanes // 2:
-            raise ValueError(f"HalfSplat: lane {self.lane} outside a half of "
-                             f"{self.x.lanes // 2} lanes")
+        if self.parts not in (2, 4) or self.x.lanes < self.parts or self.x.lanes % self.parts:
+            raise ValueError(f"HalfSplat: {self.x.lanes} lanes do not split into "
+                             f"{self.parts} parts")
+        if not 0 <= self.lane < self.x.lanes // self.parts:
+            raise ValueError(f"HalfSplat: lane {self.lane} outside a part of "
+                             f"{self.x.lanes // self.parts} lanes")
 
     @property
     def dtype(self) -> str:  # type: ignore[override]

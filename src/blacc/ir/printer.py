@@ -39,7 +39,8 @@ def expr(e: k.Expr) -> str:
             return f"dup{e.lanes}({expr(e.lo)})"
         return f"halves{e.lanes}({expr(e.lo)}, {expr(e.hi)})"
     if isinstance(e, k.HalfSplat):
-        return f"halfsplat({expr(e.x)}, {e.lane})"
+        name = "halfsplat" if e.parts == 2 else "quartersplat"
+        return f"{name}({expr(e.x)}, {e.lane})"
     if isinstance(e, k.Half):
         return f"half({expr(e.x)}, {e.which})"
     if isinstance(e, k.Zip):

@@ -368,9 +368,19 @@ def _avx512_ops() -> dict[tuple[str, str], str]:
         ("sum_lanes", "f32x8"): ("blacc_sum8x8_ps({x0}, {x1}, {x2}, {x3}, {x4}, {x5}, {x6}, "
                                  "{x7})"),
         ("sum_lanes", "f64x4"): "blacc_sum4x4_pd({x0}, {x1}, {x2}, {x3})",
+        # rows of 4 f64 held two per vector (``OpSchedule.pairs``): two 256-bit halves
+        # joined or one duplicated from memory, and lane i splatted within each half
+        # (vpermpd with an immediate permutes the halves alike)
+        ("halves", "f64"): "_mm512_insertf64x4(_mm512_castpd256_pd512({lo}), {hi}, 1)",
+        ("dup_load", "f64"): "_mm512_broadcast_f64x4(_mm256_loadu_pd({addr}))",
+        **{(f"half_splat{lane}", "f64"): f"_mm512_permutex_pd({{x}}, {lane * 0x55})"
+           for lane in range(4)},
         # rows of 4 f32 held four per vector (``OpSchedule.quads``): a row of x in every
         # 128-bit quarter, and sixteen rows summed from four vectors at once
         ("quad_load", "f32"): "_mm512_broadcast_f32x4(_mm_loadu_ps({addr}))",
+        # ... and lane i splatted within each quarter (rows of 4 f32 of an output)
+        **{(f"quarter_splat{lane}", "f32"): f"_mm512_permute_ps({{x}}, {lane * 0x55})"
+           for lane in range(4)},
         ("sum_quarters", "f32"): "blacc_sum16x4_ps({x0}, {x1}, {x2}, {x3})",
     })
     # 128-bit sums and shuffles as AVX2 has them, and the 256-bit halves they come from

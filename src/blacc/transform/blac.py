@@ -34,10 +34,16 @@ two halves, a row of B duplicated into both halves, A[i, k] and A[i+1, k] splatt
 within their halves from one load of the two rows — half the FMAs of one row per
 128-bit vector (what gcc makes of the plain loops). An odd last row stays a 128-bit
 vector, and two rows are one 256-bit access only where they are contiguous in memory
-(else two 128-bit halves). A sum on lanes over exactly half a vector pairs rows the
+(else two 128-bit halves); on AVX-512, 4 f64 columns pair rows in 256-bit halves. An
+output dimension a quarter of a vector wide (4 f32 columns on AVX-512) holds four rows
+per register (``OpSchedule.quads``) the same way: a row of B in every quarter
+(vbroadcastf32x4), A[i..i+3, k] splatted within the quarters from one load of four
+contiguous rows of A, the four rows of C stored at once — gcc's loops for
+``C(n x 4) = A(n x 4)*B(4x4)`` on Zen 5, where transposing 16 rows of A and C through
+two-source permutes ran half as fast. A sum on lanes over exactly half a vector pairs rows the
 same way (``y = A*x``, A n x 4 f32: rows i and i+1 of A in one 256-bit load, x in both
 halves); the rows' horizontal sums then come out of one transpose per eight rows. A
-sum over a quarter of a vector holds four rows per vector (``OpSchedule.quads``: A n x 4
+sum over a quarter of a vector holds four rows per vector too (A n x 4
 f32 on AVX-512, four rows in one 512-bit load, x in every quarter), sixteen rows summed
 and stored at once and fewer, a multiple of four, in one masked store.
 
@@ -84,9 +90,10 @@ class OpSchedule:
     #: narrowest that holds them (7 of 8 f64 lanes as one AVX-512 vector), instead of
     #: exact narrower vectors and a masked one for the rest (4 + 3 of 4) (``chunks``).
     one_tail: bool = False
-    #: Four rows per full vector, one in each quarter, where the sums on lanes are a
-    #: quarter of a vector long (rows of 4 f32 on AVX-512): as many rows at once as a
-    #: vector has lanes, their sums stored as one vector; other rows one at a time.
+    #: Four rows per full vector, one in each quarter, where the vectorized output
+    #: dimension or the sums on lanes are a quarter of a vector long (rows of 4 f32 on
+    #: AVX-512). Of sums, as many rows at once as a vector has lanes, their sums stored
+    #: as one vector; other rows one at a time.
     quads: bool = False
 
     @property
@@ -310,8 +317,9 @@ class _Gen:
         two half loads; one element per row is splatted within its half from a load of
         the rows' aligned group of half-vector width when that lies inside the operand
         (the same load serves the group's other elements), else broadcast from two
-        scalar loads. Four rows (``nrows``, ``OpSchedule.quads``) are read only as one
-        load of contiguous rows of a chunk."""
+        scalar loads. Four rows (``nrows``, ``OpSchedule.quads``) are read as one load of
+        contiguous rows: of a chunk, or of a quarter-vector group whose element is
+        splatted within the quarters."""
         strides = (st.rs, st.cs)
 
         def at(row: int, other: k.Expr | None = None) -> k.Expr:
@@ -340,18 +348,23 @@ class _Gen:
                                         f"{r.operand} one after another")
                 return k.Load(st.buf, at(0), self.dt, 4 * chunk.width)
             return two_rows(chunk.width)
-        if nrows == 4:
-            raise ScheduleError(f"four rows per vector read {r.operand} only along the sum")
-        half = self.isa.lanes(self.dt) // 2
+        part = self.isa.lanes(self.dt) // nrows
         e, other = idx[1 - axis], 1 - axis
         operand = self.p.operand(r.operand)
         extent = (operand.rows, operand.cols)[other]
         if strides[other] == 1 and isinstance(e, k.Const) and isinstance(r.index[other], str):
-            first = int(e.value) - int(e.value) % half
-            if first + half <= extent:
-                return k.HalfSplat(two_rows(half, k.Const(first)), int(e.value) - first)
-        return k.Halves(k.Broadcast(k.Load(st.buf, at(0), self.dt), half),
-                        k.Broadcast(k.Load(st.buf, at(1), self.dt), half))
+            first = int(e.value) - int(e.value) % part
+            if first + part <= extent and nrows == 4 and strides[axis] == part:
+                # four rows of A one after another: one load, splatted within quarters
+                return k.HalfSplat(k.Load(st.buf, at(0, k.Const(first)), self.dt, 4 * part),
+                                   int(e.value) - first, 4)
+            if first + part <= extent and nrows == 2:
+                return k.HalfSplat(two_rows(part, k.Const(first)), int(e.value) - first)
+        if nrows == 4:
+            raise ScheduleError(f"four rows per vector read {r.operand} one element per row "
+                                "only from rows of a quarter vector one after another")
+        return k.Halves(k.Broadcast(k.Load(st.buf, at(0), self.dt), part),
+                        k.Broadcast(k.Load(st.buf, at(1), self.dt), part))
 
     def combine(self, op: str, a: k.Expr, b: k.Expr) -> k.Expr:
         lanes = max(a.lanes, b.lanes)
@@ -597,14 +610,17 @@ def lower_op(program: ix.Program, op: ix.Op, sched: OpSchedule, isa: Isa,
             return _column_tiles(gen, op, st, v, u, extent)
         vchunks = chunks(extent[v], isa.widths(program.dtype), sched.one_tail)
         bu, bv = sched.block
-        if sched.quads:
-            raise ScheduleError("four rows per vector are only for sums on lanes")
-        if sched.pairs:
+        if sched.pairs or sched.quads:
+            per = sched.rows_per_vector
+            if sched.pairs and sched.quads:
+                raise ScheduleError("rows are held in pairs or in quads, not both")
             if sched.one_tail:
-                raise ScheduleError("rows held in pairs have no tail to mask")
-            _check_pairs(program, isa, extent[v], st, op.dims.index(v))
+                held = "pairs" if sched.pairs else "quads"
+                raise ScheduleError(f"rows held in {held} have no tail to mask")
+            _check_pairs(program, isa, extent[v], st, op.dims.index(v), per)
             _row_blocks(extent[u], bu, sched.unroll, k.Var(f"{prefix}{u}"),
-                        lambda u0, un, body: _pair_block(gen, op, st, u, v, u0, un, body),
+                        lambda u0, un, body: _pair_block(gen, op, st, u, v, u0, un, body,
+                                                         per),
                         stmts)
             return stmts
 
@@ -926,15 +942,25 @@ def _hoist_broadcasts(gen: _Gen, body: list[k.Stmt], var: k.Var, budget: int,
             drop_copies([rewrite(s, reuse) for s in after]))
 
 
-def _check_pairs(program: ix.Program, isa: Isa, width: int, st: _Storage, axis: int) -> None:
-    """Paired rows need the ISA's half-vector operations and an output dimension exactly
-    half a vector wide and contiguous."""
-    full = isa.lanes(program.dtype)
-    if ("halves", program.dtype) not in isa.ops or width * 2 != full:
-        raise ScheduleError(f"two rows per vector need {full // 2} columns and a target with "
-                            f"half-vector operations (have {width}, target {isa.name})")
+def _check_pairs(program: ix.Program, isa: Isa, width: int, st: _Storage, axis: int,
+                 per: int = 2) -> None:
+    """Rows held ``per`` (2 or 4) to a vector need the ISA's operations for them
+    (``_output_parts``) and an output dimension exactly 1/``per`` of a vector wide and
+    contiguous."""
+    full, held = isa.lanes(program.dtype), {2: "two", 4: "four"}[per]
+    if not _output_parts(isa, program.dtype, per) or width * per != full:
+        raise ScheduleError(f"{held} rows per vector need {full // per} columns and a target "
+                            f"with the operations for them (have {width}, target {isa.name})")
     if (st.rs, st.cs)[axis] != 1:
-        raise ScheduleError(f"two rows per vector need {st.buf} contiguous along its rows")
+        raise ScheduleError(f"{held} rows per vector need {st.buf} contiguous along its rows")
+
+
+def _output_parts(isa: Isa, dtype: str, per: int) -> bool:
+    """Whether ``isa`` holds rows of an output ``per`` to a vector: halves joined, or a
+    row loaded into every quarter and lanes splatted within quarters."""
+    if per == 2:
+        return ("halves", dtype) in isa.ops
+    return all(isa.has_op(name, dtype) for name in ("quad_load", "quarter_splat0"))
 
 
 def _check_sum_pairs(program: ix.Program, op: ix.Op, isa: Isa, v: str | None) -> None:
@@ -969,15 +995,15 @@ def _check_sum_quads(program: ix.Program, op: ix.Op, isa: Isa, v: str | None) ->
 
 
 def _pair_block(gen: _Gen, op: ix.Op, st: _Storage, u: str, v: str, u0: k.Expr, un: int,
-                body: list[k.Stmt]) -> None:
-    """``un`` rows from ``u0``: pairs of rows in full vectors, an odd last row in a
-    half-width one. A pair is stored with one full store where its rows are contiguous,
-    else half by half."""
-    width = gen.isa.lanes(gen.dt) // 2
+                body: list[k.Stmt], per: int = 2) -> None:
+    """``un`` rows from ``u0``: ``per`` (2 or 4) rows to a full vector, the rows left
+    over each in a vector 1/``per`` as wide. The rows of a vector are stored with one
+    full store where they are contiguous, else part by part."""
+    width = gen.isa.lanes(gen.dt) // per
     chunk = _Chunk(0, width, width)
-    ctxs: list[dict] = [{u: _Pair(u0 + a), v: chunk} for a in range(0, un - 1, 2)]
-    if un % 2:
-        ctxs.append({u: u0 + (un - 1), v: chunk})
+    whole = un - un % per
+    ctxs: list[dict] = [{u: _Pair(u0 + a, per), v: chunk} for a in range(0, whole, per)]
+    ctxs += [{u: u0 + a, v: chunk} for a in range(whole, un)]
     values = gen.value(op.body, ctxs, body)
     row_stride = st.rs if u == op.dims[0] else st.cs
 
@@ -989,16 +1015,17 @@ def _pair_block(gen: _Gen, op: ix.Op, st: _Storage, u: str, v: str, u0: k.Expr, 
         if not isinstance(row, _Pair):
             body.append(k.Store(st.buf, index(row), gen.widen(val, width)))
             continue
-        val = gen.widen(val, 2 * width)
+        val = gen.widen(val, per * width)
         if row_stride == width:
             body.append(k.Store(st.buf, index(row.start), val))
             continue
-        if not isinstance(val, (k.Var, k.Const)):  # evaluated once for both halves
+        if not isinstance(val, (k.Var, k.Const)):  # evaluated once for all its rows
             var = gen.fresh("pair", val.lanes)
             body.append(k.Decl(var, val))
             val = var
-        body.append(k.Store(st.buf, index(row.start), k.Half(val, 0)))
-        body.append(k.Store(st.buf, index(row.start + 1), k.Half(val, 1)))
+        for h in range(per):
+            part = k.Half(val, h) if per == 2 else k.Half(k.Half(val, h // 2), h % 2)
+            body.append(k.Store(st.buf, index(row.start + h), part))
 
 
 def _shared_fit(stmts: list[k.Stmt], spare: int) -> bool:
@@ -1168,6 +1195,8 @@ def candidates(program: ix.Program, op: ix.Op, isa: Isa | None = None) -> list[O
 
 #: Rows per block tried with two rows per vector (one accumulator per two rows).
 PAIR_ROWS = (2, 4, 6, 8, 12, 16)
+#: ... and with four rows of an output per vector (one accumulator per four rows).
+QUAD_ROWS = (4, 8, 16, 32)
 
 
 def _read_anywhere(program: ix.Program, name: str) -> bool:
@@ -1205,13 +1234,23 @@ def _pair_candidates(program: ix.Program, op: ix.Op, isa: Isa, v: str, extent: d
 
 def _quad_candidates(program: ix.Program, op: ix.Op, isa: Isa, v: str, extent: dict,
                      terms: int) -> list[OpSchedule]:
-    """Schedules with four rows per vector when the sums on lanes are a quarter of a
-    vector long and the output is a column of at least a vector's worth of rows (four
-    with mask registers): blocks of one and two vectors' worth."""
+    """Schedules with four rows per vector: where the vectorized output dimension is a
+    quarter of a vector wide, blocks of ``QUAD_ROWS`` rows; where the sums on lanes are a
+    quarter of a vector long and the output is a column of at least a vector's worth of
+    rows (four with mask registers), blocks of one and two vectors' worth."""
     lanes = isa.lanes(program.dtype)
+    if v in extent:  # rows of an output a quarter of a vector wide, four to a vector
+        u = op.dims[1] if v == op.dims[0] else op.dims[0]
+        if (4 * extent[v] != lanes or extent[u] < 4
+                or not _output_parts(isa, program.dtype, 4)):
+            return []
+        return [OpSchedule(v, (rows, 1), split=split, quads=True)
+                for rows in QUAD_ROWS if rows <= max(4, extent[u] - extent[u] % 4)
+                for split in SPLITS
+                if rows // 4 * split + 2 <= isa.registers and (split == 1 or terms >= 2 * split)]
     u = op.dims[0]
     least = 4 if isa.mask_registers else lanes  # with masked stores, any four rows
-    if (v in extent or extent[u] < least or program.operand(op.out).cols != 1
+    if (extent[u] < least or program.operand(op.out).cols != 1
             or not _quarter_vector_sums(program, op, isa, v)):
         return []
     out, seen = [], set()
