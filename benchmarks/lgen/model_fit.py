@@ -119,11 +119,12 @@ def evaluate(cases: list[dict], setting: dict[str, float]) -> None:
     try:
         for name, value in setting.items():
             setattr(small, name, value)
-        datapath = blacs.host_target().machine.vector_datapath  # as blacs.plan chooses
+        machine = blacs.host_target().machine  # as blacs.plan chooses
         for case in cases:
             for c in case["candidates"]:
                 c["cost"] = small.program_cost(*c["cost_args"])
-                c["isa_cost"] = small.program_cost(*c["cost_args"], datapath)
+                c["isa_cost"] = small.program_cost(*c["cost_args"], machine.vector_datapath,
+                                                   small.crossing_store_cycles(machine))
         got = regrets(cases, small.CALL_CYCLES, small.WIDER_GAIN)
         best = min(RULES, key=lambda r: _geomean(regrets(cases, *r)["rule"]))
         label = ", ".join(f"{k}={v:g}" for k, v in setting.items()) or "as is"

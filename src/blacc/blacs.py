@@ -34,6 +34,7 @@ from .strategy.small import (
     SEARCHES,
     cheapest_form,
     choose,
+    crossing_store_cycles,
     options,
     program_cost,
     search_pool,
@@ -142,8 +143,9 @@ def plan(program: object, *, name: str = "blac_kernel", target: str | Isa | None
         if search == "model":
             # one plan per ISA by the model, and the one worth its wider vectors
             modelled = [_model_plan(typed, specs, isa, candidates, name) for isa in isas]
-            datapath = host_target().machine.vector_datapath
-            costs = [program_cost(p.module, p.indexed, p.schedule, p.isa, datapath)
+            machine = host_target().machine
+            costs = [program_cost(p.module, p.indexed, p.schedule, p.isa,
+                                  machine.vector_datapath, crossing_store_cycles(machine))
                      for p in modelled]
             return modelled[worth_wider(costs)]
         targets = isas  # timed against each other: the call's cost is in the timings
