@@ -60,6 +60,7 @@ from dataclasses import dataclass, replace
 from ..errors import ScheduleError
 from ..ir import indexed as ix
 from ..ir import kernel as k
+from ..ir.dtypes import itemsize
 from ..ir.walk import names_used, nodes_of, rewrite, simplify, substitute
 from ..runtime.signature import ARRAY, ArgSpec
 from ..target.isa import Isa
@@ -363,6 +364,11 @@ class _Gen:
         if nrows == 4:
             raise ScheduleError(f"four rows per vector read {r.operand} one element per row "
                                 "only from rows of a quarter vector one after another")
+        if part * itemsize(self.dt) > 16:
+            # (two broadcasts joined into a 512-bit vector: C = alpha*(A0 + A1)'*B + beta*C,
+            # 4 x 8 x 4 f64, ran 0.65x as fast on Zen 5 as four rows per 256-bit FMA)
+            raise ScheduleError(f"two rows per 512-bit vector read {r.operand} one element "
+                                "per row only from a load of both rows")
         return k.Halves(k.Broadcast(k.Load(st.buf, at(0), self.dt), part),
                         k.Broadcast(k.Load(st.buf, at(1), self.dt), part))
 
@@ -1241,7 +1247,10 @@ def _quad_candidates(program: ix.Program, op: ix.Op, isa: Isa, v: str, extent: d
     lanes = isa.lanes(program.dtype)
     if v in extent:  # rows of an output a quarter of a vector wide, four to a vector
         u = op.dims[1] if v == op.dims[0] else op.dims[0]
-        if (4 * extent[v] != lanes or extent[u] < 4
+        # (not a temporary: later operations read it back an element at a time, which
+        # waits on its 512-bit stores: alpha*B in C = alpha*(A0 + A1)'*B + beta*C, n x
+        # 4 x 4 f32, took the temporary's form and ran 0.6-0.8x as fast on Zen 5)
+        if (4 * extent[v] != lanes or extent[u] < 4 or program.operand(op.out).temporary
                 or not _output_parts(isa, program.dtype, 4)):
             return []
         return [OpSchedule(v, (rows, 1), split=split, quads=True)
