@@ -129,6 +129,15 @@ def test_offered_only_for_outputs_a_quarter_or_half_wide():
     assert form.operand(first.out).temporary
     assert not any(s.quads for s in candidates(form, first, AVX512))
     assert any(s.quads for s in candidates(form, second, AVX512))
+    chain64 = plan("D = A*B*C", target="avx512", A=M(16, 4, "f64"), B=M(4, 4, "f64"),
+                   C=M(4, 4, "f64"), D=M(16, 4, "f64"))
+    form = next(f for f in blacc.blacs.forms(chain64.typed) if len(f.ops) == 2)
+    first, second = form.ops
+
+    def output_pairs(op, isa) -> bool:  # (pairs on the sums over 4 f64 stay)
+        return any(s.pairs and s.vector in op.dims for s in candidates(form, op, isa))
+
+    assert not output_pairs(first, AVX512) and output_pairs(second, AVX512)
 
 
 COMPILED_CASES = [("matmul", 32, "f32"), ("gemm", 13, "f32"), ("gemm_ld", 17, "f64"),

@@ -1217,7 +1217,7 @@ def _pair_candidates(program: ix.Program, op: ix.Op, isa: Isa, v: str, extent: d
     lanes = isa.lanes(program.dtype)
     if v in extent:
         u = op.dims[1] if v == op.dims[0] else op.dims[0]
-        half = 2 * extent[v] == lanes
+        half = 2 * extent[v] == lanes and not _read_back_in_pieces(program, op, isa)
     else:  # rows of the output, each ending in horizontal sums
         u = op.dims[0]
         half = _sums_of_part(op, v, lanes, 2)
@@ -1238,6 +1238,15 @@ def _pair_candidates(program: ix.Program, op: ix.Op, isa: Isa, v: str, extent: d
     return out
 
 
+def _read_back_in_pieces(program: ix.Program, op: ix.Op, isa: Isa) -> bool:
+    """Whether ``op`` writes a temporary in 512-bit vectors, which later operations read
+    back an element at a time: such loads wait on the wide stores, so its rows are not
+    held several to a vector. alpha*B in C = alpha*(A0 + A1)'*B + beta*C, n x 4 x 4,
+    then took the temporary's form and ran 0.6-0.8x as fast on Zen 5."""
+    return (program.operand(op.out).temporary
+            and isa.lanes(program.dtype) * itemsize(program.dtype) == 64)
+
+
 def _quad_candidates(program: ix.Program, op: ix.Op, isa: Isa, v: str, extent: dict,
                      terms: int) -> list[OpSchedule]:
     """Schedules with four rows per vector: where the vectorized output dimension is a
@@ -1247,10 +1256,7 @@ def _quad_candidates(program: ix.Program, op: ix.Op, isa: Isa, v: str, extent: d
     lanes = isa.lanes(program.dtype)
     if v in extent:  # rows of an output a quarter of a vector wide, four to a vector
         u = op.dims[1] if v == op.dims[0] else op.dims[0]
-        # (not a temporary: later operations read it back an element at a time, which
-        # waits on its 512-bit stores: alpha*B in C = alpha*(A0 + A1)'*B + beta*C, n x
-        # 4 x 4 f32, took the temporary's form and ran 0.6-0.8x as fast on Zen 5)
-        if (4 * extent[v] != lanes or extent[u] < 4 or program.operand(op.out).temporary
+        if (4 * extent[v] != lanes or extent[u] < 4 or _read_back_in_pieces(program, op, isa)
                 or not _output_parts(isa, program.dtype, 4)):
             return []
         return [OpSchedule(v, (rows, 1), split=split, quads=True)
