@@ -371,3 +371,26 @@ def test_apply_known_strides_fold_into_the_code():
     assert [p.name for p in fixed.function("kernel").params] == [
         p.name for p in free.function("kernel").params]
     assert isinstance(fixed.function("kernel_micro"), k.Function)
+
+
+@pytest.mark.parametrize("dtype, nr, cols, offset", [
+    ("f64", 32, 32, 0), ("f64", 32, 32, 3), ("f64", 32, 13, 7), ("f32", 64, 64, 5),
+    ("f32", 16, 16, 9), ("f64", 8, 8, 0), ("f64", 1, 1, 0),
+])
+def test_micro_kernel_prefetches_every_line_of_its_c_tile(dtype, nr, cols, offset):
+    """Each row of the C tile may span one line more than its bytes; every one of them,
+    and none outside the tile's valid part, is prefetched before the k loop."""
+    from blacc.ir.interp import _Env, evaluate
+
+    module = apply(matmul(dtype), blis(mc=12, kc=64, nc=nr, mr=6, nr=nr, ku=4),
+                   name="gemm", known_strides={"C_s1": 1})
+    micro = module.function("gemm_micro")
+    size = 8 if dtype == "f64" else 4
+    rows, c_rs = 5, 1000
+    env = _Env(module, {"rows": rows, "cols": cols, "c_rs": c_rs})
+    fetched = {evaluate(p.index, env) for p in nodes_of(micro.body, k.Prefetch)
+               if p.buf == "c" and p.write}
+    valid = {r * c_rs + c for r in range(rows) for c in range(cols)}
+    assert fetched <= valid
+    line = lambda e: (offset + e) * size // 64  # noqa: E731 - the tile starts mid-line
+    assert {line(e) for e in fetched} == {line(e) for e in valid}

@@ -182,20 +182,21 @@ L3_PANEL_VENDORS = frozenset({"AuthenticAMD"})
 
 def _l3_panel_blocking(l1: CacheLevel, l2: CacheLevel, l3: CacheLevel, s: int, mr: int,
                        nr: int, datapath: int) -> Blocking:
-    """The kc x nc B panel in half of this core's share of L3, kc the longest mr x kc A
-    sliver that fits the L1 ways but one.
+    """The kc x nc B panel in half of this core's share of L3.
 
     Where 512-bit FMAs take the 256-bit pipes twice (``datapath`` 256, Zen 4), the kernel
     reads 11 bytes of B a cycle and B slivers stream from L3 past the A sliver in L1 (rows
-    of tiles outside, ``ROWS_OUTSIDE_SLIVERS`` A slivers). At two whole 512-bit FMAs a
+    of tiles outside, ``ROWS_OUTSIDE_SLIVERS`` A slivers; kc the longest mr x kc A sliver
+    that fits the L1 ways but one). At two whole 512-bit FMAs a
     cycle (Zen 5) it would read 21 of the 32 bytes a cycle L3 gives: there each kc x nr B
     sliver stays in L2 while the A slivers of a small block pass it (columns of tiles
-    outside, `_b_sliver_in_l2`)."""
-    kc = min(max((l1.associativity - 1) * l1.way_size // (mr * s), KC_MIN), KC_MAX)
+    outside, `_b_sliver_in_l2`). Nothing of a micro call then stays in L1, so kc is
+    ``KC_MAX``: the fewer k blocks, the fewer passes over C."""
     budget = l3.size // max(l3.shared_by, 1) // 2
     if datapath:
+        kc = min(max((l1.associativity - 1) * l1.way_size // (mr * s), KC_MIN), KC_MAX)
         return _rows_outside(kc, budget, s, mr, nr)
-    return _b_sliver_in_l2(l2, kc, budget, s, mr, nr)
+    return _b_sliver_in_l2(l2, KC_MAX, budget, s, mr, nr)
 
 
 def _b_sliver_in_l2(l2: CacheLevel, kc: int, budget: int, s: int, mr: int, nr: int) -> Blocking:

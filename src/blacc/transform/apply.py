@@ -16,8 +16,10 @@ from dataclasses import dataclass, field
 
 from ..errors import ScheduleError
 from ..ir import kernel as k
+from ..ir.dtypes import itemsize
 from ..ir.structured import Contraction
 from ..ir.walk import names_used, rewrite, simplify, substitute
+from .lower_tile import CACHE_LINE
 from .schedule import NarrowEdges, Pack, Prefetch, Schedule, Tile, UnrollJam, Vectorize
 
 
@@ -313,11 +315,15 @@ def _micro_kernel(name: str, dt: str, mr: int, nr: int, unroll: int, lanes: int,
     a = k.Operand2D("a", k.Const(0), v["a_rs"], v["a_cs"])
     b = k.Operand2D("b", k.Const(0), v["b_rs"], v["b_cs"])
     c = k.Operand2D("c", k.Const(0), v["c_rs"], v["c_cs"])
-    # Bring the C tile toward L1 while the k loop runs (rows and columns clamped to the
-    # tile's valid part: a prefetch past the array would be harmless, but stays inside).
-    last_col = k.minimum(nr - 1, v["cols"] - 1)
+    # Bring every cache line of the C tile toward L1 while the k loop runs (rows and
+    # columns clamped to the tile's valid part: a prefetch past the array would be
+    # harmless, but stays inside). A row of the tile may start anywhere in a line, so
+    # its last element is fetched as well as one element per line's width.
+    per_line = max(1, CACHE_LINE // itemsize(dt))
+    cols = [k.minimum(col, v["cols"] - 1) for col in range(per_line, nr, per_line)]
+    cols = [k.Const(0), *cols, k.minimum(nr - 1, v["cols"] - 1)] if nr > 1 else [k.Const(0)]
     warm_c = tuple(k.Prefetch("c", c.at(k.minimum(r, v["rows"] - 1), col), write=True)
-                   for r in range(mr) for col in (k.Const(0), last_col))
+                   for r in range(mr) for col in cols)
     body = (k.TileZero(tile),
             *warm_c,
             k.TileMMA(tile, a, b, v["kc"], v["rows"], v["cols"], padded, unroll, prefetch),
