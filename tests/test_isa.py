@@ -286,6 +286,38 @@ def test_worth_wider_needs_a_clear_modelled_gain():
     assert worth_wider([100.0, short - 2.0]) == 1
 
 
+def test_isa_choice_counts_avx512_broadcasts_read_by_their_fma(monkeypatch):
+    """C = A*B 12 x 4 x 12 f64: AVX-512 reads each broadcast of A inside its FMA
+    ({1to8}; 96 FMAs and multiplies, no broadcast of their own), against AVX2's 144 FMAs
+    and 48 broadcasts. Counted so, 'host' takes AVX-512 (13.7 ns a call on Zen 5 against
+    AVX2's 18.3). A broadcast that occurs twice (32 x 4 x 32 f32, two vectors a row) is
+    kept in a register by the C compiler and charged as before; AVX2 has no such operand."""
+    from blacc.blacs import plan
+    from blacc.strategy.small import program_cost
+
+    monkeypatch.delenv("BLACC_ISA", raising=False)
+
+    def product(m: int, k: int, n: int, dtype: str, target: str | None = None):
+        decls = dict(A=blacc.Matrix(m, k, dtype), B=blacc.Matrix(k, n, dtype),
+                     C=blacc.Matrix(m, n, dtype))
+        if target is None:
+            return _avx512_host(monkeypatch).plan("C = A*B", **decls)
+        return plan("C = A*B", target=target, **decls)
+
+    def costs(p) -> tuple[float, float]:
+        return tuple(program_cost(p.module, p.indexed, p.schedule, p.isa, embedded=e)
+                     for e in (False, True))
+
+    separate, embedded = costs(product(12, 4, 12, "f64", "avx512"))
+    assert embedded < separate
+    assert "_mm512_set1_pd(*(" in product(12, 4, 12, "f64", "avx512").source
+    assert product(12, 4, 12, "f64").isa is AVX512
+    separate, embedded = costs(product(12, 4, 12, "f64", "avx2"))
+    assert embedded == separate
+    separate, embedded = costs(product(32, 4, 32, "f32", "avx512"))
+    assert embedded == separate
+
+
 def test_masked_stores_into_an_operand_read_back_set_a_floor(monkeypatch):
     """y = alpha*x + y, n = 99 f32: on AVX-512 its leftover (3 of 4 lanes) is a masked
     store into y, which the next call loads; such a call lasts at least READ_BACK_CYCLES,

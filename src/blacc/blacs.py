@@ -145,7 +145,8 @@ def plan(program: object, *, name: str = "blac_kernel", target: str | Isa | None
             modelled = [_model_plan(typed, specs, isa, candidates, name) for isa in isas]
             machine = host_target().machine
             costs = [program_cost(p.module, p.indexed, p.schedule, p.isa,
-                                  machine.vector_datapath, crossing_store_cycles(machine))
+                                  machine.vector_datapath, crossing_store_cycles(machine),
+                                  embedded=True)
                      for p in modelled]
             return modelled[worth_wider(costs)]
         targets = isas  # timed against each other: the call's cost is in the timings

@@ -124,14 +124,16 @@ def _uses(e: k.Expr, name: str) -> bool:
 
 
 def _expr_issue(e: k.Expr, acc: _Issue, isa: Isa, loop: str | None = None,
-                joined: set[k.Expr] | None = None, datapath: int = 0) -> None:
+                joined: set[k.Expr] | None = None, datapath: int = 0,
+                single: frozenset[k.Expr] = frozenset()) -> None:
     """Add the instructions of ``e`` to ``acc``. Inside a loop over ``loop``, a load whose
     address does not depend on it is hoisted out of the loop by the C compiler (B of
     ``C(n x 4) = A*B(4x4)`` stays in registers across the rows): it costs nothing there.
     ``datapath``: bits a core's vector units take at once (0: any vector); an instruction
-    on a wider vector issues once per piece (``_pieces``)."""
+    on a wider vector issues once per piece (``_pieces``). ``single``: the broadcasts
+    from memory that occur once in the kernel (``_single_broadcasts``)."""
     own = _Issue()
-    _node_issue(e, own, acc, isa, loop, joined, datapath)
+    _node_issue(e, own, acc, isa, loop, joined, datapath, single)
     pieces = 1 if _from_memory(e) else _pieces(e.lanes, e.dtype, datapath)
     acc += own if pieces == 1 else own.split(pieces)
 
@@ -141,6 +143,29 @@ def _from_memory(e: k.Expr) -> bool:
     return isinstance(e, k.Broadcast) and isinstance(e.value, k.Load) and e.value.count is None
 
 
+def _embedded_broadcast(e: k.Fma | k.Bin, parts: tuple[k.Expr, ...], isa: Isa,
+                        single: frozenset[k.Expr]) -> k.Expr | None:
+    """The operand of an arithmetic instruction that AVX-512 reads as an embedded broadcast
+    (``vfmadd231pd (a){1to8}, b, acc``): a broadcast straight from memory, one per
+    instruction, on ISAs with EVEX encoding (those with mask registers), where it occurs
+    once in the kernel. C = A*B 12 x 4 x 12 f64: gcc folds all 96 of AVX-512's broadcasts
+    of A into FMAs and multiplies. One that occurs twice in a piece of straight-line code
+    is computed once into a register instead (32 x 4 x 32 f32, two vectors a row: 64
+    broadcasts held, and spilled)."""
+    if not isa.mask_registers or e.dtype not in ("f32", "f64"):
+        return None
+    return next((p for p in parts if p in single), None)
+
+
+def _single_broadcasts(body: tuple[k.Stmt, ...]) -> frozenset[k.Expr]:
+    """The broadcasts straight from memory that occur once in ``body``."""
+    seen: dict[k.Expr, int] = {}
+    for b in nodes_of(body, k.Broadcast):
+        if _from_memory(b):
+            seen[b] = seen.get(b, 0) + 1
+    return frozenset(b for b, n in seen.items() if n == 1)
+
+
 def _pieces(lanes: int, dtype: str, datapath: int) -> int:
     """How many times a core with a ``datapath``-bit vector unit issues an instruction on
     ``lanes`` of ``dtype``: Zen 4 runs 512-bit instructions over its 256-bit pipes."""
@@ -148,7 +173,7 @@ def _pieces(lanes: int, dtype: str, datapath: int) -> int:
 
 
 def _node_issue(e: k.Expr, own: _Issue, acc: _Issue, isa: Isa, loop: str | None,
-                joined: set[k.Expr] | None, datapath: int) -> None:
+                joined: set[k.Expr] | None, datapath: int, single: frozenset[k.Expr]) -> None:
     """``_expr_issue``: the instructions of ``e`` itself into ``own``, those of its operands
     into ``acc``."""
     if isinstance(e, k.Load):
@@ -172,25 +197,31 @@ def _node_issue(e: k.Expr, own: _Issue, acc: _Issue, isa: Isa, loop: str | None,
             # a splat of a constant or of a scalar variable (alpha) is hoisted by the C
             # compiler; one of a computed value costs a shuffle
             own.fp += 1.0
-            _expr_issue(e.value, acc, isa, loop, joined, datapath)
+            _expr_issue(e.value, acc, isa, loop, joined, datapath, single)
     elif isinstance(e, (k.Fma, k.Bin)):
         if e.dtype in ("f32", "f64"):
             own.fp += 1.0
-        for part in ((e.a, e.b, e.c) if isinstance(e, k.Fma) else (e.a, e.b)):
-            _expr_issue(part, acc, isa, loop, joined, datapath)
+        parts = (e.a, e.b, e.c) if isinstance(e, k.Fma) else (e.a, e.b)
+        folded = _embedded_broadcast(e, parts, isa, single)
+        for part in parts:
+            if part is folded:
+                # the load of an EVEX operand {1toN}: no broadcast of its own
+                own.loads += 1.0
+            else:
+                _expr_issue(part, acc, isa, loop, joined, datapath, single)
     elif isinstance(e, k.Halves):
         lo = e.lo
         if lo == e.hi and isinstance(lo, k.Load) and lo.count is None:
             # one load duplicated into both halves (vbroadcastf128): a load, no FP slot
-            _expr_issue(lo, acc, isa, loop, joined, datapath)
+            _expr_issue(lo, acc, isa, loop, joined, datapath, single)
             return
         if (quarter := k.quartered_load(e)) is not None:  # the same in four quarters
-            _expr_issue(quarter, acc, isa, loop, joined, datapath)
+            _expr_issue(quarter, acc, isa, loop, joined, datapath, single)
             return
         # joining two halves takes a shuffle (vinsertf128, its load folded)
         own.shuffles += 1.0
-        _expr_issue(lo, acc, isa, loop, joined, datapath)
-        _expr_issue(e.hi, acc, isa, loop, joined, datapath)
+        _expr_issue(lo, acc, isa, loop, joined, datapath, single)
+        _expr_issue(e.hi, acc, isa, loop, joined, datapath, single)
     elif isinstance(e, k.HalfSplat):
         # a shuffle with an immediate (vpermilps), its load folded; two rows joined from
         # two loads are joined once for all the lanes splatted from them (the C compiler
@@ -200,7 +231,7 @@ def _node_issue(e: k.Expr, own: _Issue, acc: _Issue, isa: Isa, loop: str | None,
             if e.x in joined:
                 return
             joined.add(e.x)
-        _expr_issue(e.x, acc, isa, loop, joined, datapath)
+        _expr_issue(e.x, acc, isa, loop, joined, datapath, single)
     elif isinstance(e, k.Half):
         if e.which:  # the high half needs vextractf128; the low one is free
             own.shuffles += 1.0
@@ -208,11 +239,11 @@ def _node_issue(e: k.Expr, own: _Issue, acc: _Issue, isa: Isa, loop: str | None,
             if e.x in joined:   # it once: the C compiler merges the repeated expression
                 return
             joined.add(e.x)
-        _expr_issue(e.x, acc, isa, loop, joined, datapath)
+        _expr_issue(e.x, acc, isa, loop, joined, datapath, single)
     elif isinstance(e, (k.Zip, k.Unzip)):
         own.shuffles += _zip_shuffles(e, isa)
-        _expr_issue(e.a, acc, isa, loop, joined, datapath)
-        _expr_issue(e.b, acc, isa, loop, joined, datapath)
+        _expr_issue(e.a, acc, isa, loop, joined, datapath, single)
+        _expr_issue(e.b, acc, isa, loop, joined, datapath, single)
     elif isinstance(e, k.SumLanes):
         # n vectors transposed and added: n - 1 adds and two shuffles per add; rows held
         # two or four per vector end in one permute more
@@ -220,11 +251,11 @@ def _node_issue(e: k.Expr, own: _Issue, acc: _Issue, isa: Isa, loop: str | None,
         own.fp += n - 1
         own.shuffles += 2 * (n - 1) + (e.rows_per_vector > 1)
         for x in e.xs:
-            _expr_issue(x, acc, isa, loop, joined, datapath)
+            _expr_issue(x, acc, isa, loop, joined, datapath, single)
     elif isinstance(e, k.Reduce):
         # a shuffle and an add per halving; the shuffles mostly go to other pipes
         own.fp += max(1, e.x.lanes.bit_length() - 1)
-        _expr_issue(e.x, acc, isa, loop, joined, datapath)
+        _expr_issue(e.x, acc, isa, loop, joined, datapath, single)
 
 
 def _zip_shuffles(e: k.Zip | k.Unzip, isa: Isa) -> float:
@@ -254,15 +285,15 @@ def _reduce_latency(e: k.Expr) -> int:
 
 
 def _cycles(body: tuple[k.Stmt, ...], isa: Isa, loop: str | None = None,
-            scratch: frozenset[str] = frozenset(), exposed: float = 1.0, datapath: int = 0
-            ) -> tuple[float, _Issue, int]:
+            scratch: frozenset[str] = frozenset(), exposed: float = 1.0, datapath: int = 0,
+            single: frozenset[k.Expr] = frozenset()) -> tuple[float, _Issue, int]:
     """(estimated cycles, instructions issued, dependent updates carried by variables
     declared outside ``body``) of straight-line code with loops. Straight-line code runs
     out of order: its time is its issue time or its longest chain of dependent updates,
     whichever is longer. A loop is a segment of its own, bound by issue or by the chain
     carried from one iteration to the next (an accumulator without partial sums).
     ``exposed``: the share of a chain's latency that counts (``model_cost``); ``datapath``
-    as for ``_expr_issue``."""
+    and ``single`` as for ``_expr_issue``."""
     total = 0.0
     issue, segment = _Issue(), _Issue()
     local: set[str] = set()
@@ -276,7 +307,7 @@ def _cycles(body: tuple[k.Stmt, ...], isa: Isa, loop: str | None = None,
 
     for s in body:
         if isinstance(s, (k.Decl, k.Assign)):
-            _expr_issue(s.value, segment, isa, loop, joined, datapath)
+            _expr_issue(s.value, segment, isa, loop, joined, datapath, single)
             if isinstance(s, k.Decl):
                 local.add(s.var.name)
             else:
@@ -300,7 +331,7 @@ def _cycles(body: tuple[k.Stmt, ...], isa: Isa, loop: str | None = None,
                      * (_pieces(s.value.lanes, s.value.dtype, datapath) - 1))
             segment.stores += extra
             segment.pieces += extra
-            _expr_issue(s.value, segment, isa, loop, joined, datapath)
+            _expr_issue(s.value, segment, isa, loop, joined, datapath, single)
             tail = max(tail, _reduce_latency(s.value))
         elif isinstance(s, k.For):
             total += close()
@@ -310,7 +341,7 @@ def _cycles(body: tuple[k.Stmt, ...], isa: Isa, loop: str | None = None,
             chains = {n: c for n, c in chains.items() if n not in local}
             trips = max(0, (s.stop.value - s.start.value + s.step - 1) // s.step)
             inner, inner_issue, carried = _cycles(s.body, isa, s.var.name, scratch, exposed,
-                                                  datapath)
+                                                  datapath, single)
             inner_issue.other += 2  # the counter and the branch
             # each iteration also pays for its taken branch and the loop's bookkeeping
             total += max(trips * (inner_issue.cycles + LOOP_OVERHEAD),
@@ -323,19 +354,23 @@ def _cycles(body: tuple[k.Stmt, ...], isa: Isa, loop: str | None = None,
 
 
 def model_cost(module: k.Module, registers_needed: int, isa: Isa, datapath: int = 0,
-               crossing: float | None = None) -> float:
+               crossing: float | None = None, embedded: bool = False) -> float:
     """Estimated cycles of a fixed-size kernel called again and again; a block that needs
     more vector registers than the target has spills (a store and a load per extra
     register and use). ``datapath``: as for ``_expr_issue``; ``crossing``: cycles of a
-    store across a cache line (``CROSSING_STORE_CYCLES``, ``crossing_store_cycles``)."""
+    store across a cache line (``CROSSING_STORE_CYCLES``, ``crossing_store_cycles``);
+    ``embedded``: whether AVX-512's broadcasts that occur once are read by their FMA
+    (``_embedded_broadcast``) rather than charged as instructions of their own."""
     body = module.function(module.entry).body
     scratch = frozenset(s.buf for s in body if isinstance(s, k.Local))
-    cycles, issued, _ = _cycles(body, isa, scratch=scratch, datapath=datapath)
+    single = _single_broadcasts(body) if embedded else frozenset()
+    cycles, issued, _ = _cycles(body, isa, scratch=scratch, datapath=datapath, single=single)
     if issued.total < WINDOW:  # the next call starts before this one's chains end
         cycles, _, _ = _cycles(body, isa, scratch=scratch, exposed=issued.total / WINDOW,
-                               datapath=datapath)
+                               datapath=datapath, single=single)
     # the straight-line code outside loops, at the rate it can be fetched
-    straight = sum(_cycles((s,), isa, scratch=scratch, datapath=datapath)[1].total
+    straight = sum(_cycles((s,), isa, scratch=scratch, datapath=datapath,
+                           single=single)[1].total
                    for s in body if not isinstance(s, k.For))
     cycles = max(cycles, min(straight, OP_CACHE_INSTRUCTIONS) / DISPATCH
                  + max(0.0, straight - OP_CACHE_INSTRUCTIONS) / FRONTEND_RATE)
@@ -456,14 +491,16 @@ def _masked_into_inout(body: tuple[k.Stmt, ...], isa: Isa) -> bool:
 
 
 def program_cost(module: k.Module, program: ix.Program, schedule: Sequence[OpSchedule],
-                 isa: Isa, datapath: int = 0, crossing: float | None = None) -> float:
+                 isa: Isa, datapath: int = 0, crossing: float | None = None,
+                 embedded: bool = False) -> float:
     """Estimated cycles of ``module``, built from ``program`` with ``schedule``: the
     whole kernel at once, with the register need of its largest block, on a core whose
     vector units take ``datapath`` bits at once (0: any vector the ISA has) and whose
-    stores across a cache line cost ``crossing`` cycles (None: ``CROSSING_STORE_CYCLES``)."""
+    stores across a cache line cost ``crossing`` cycles (None: ``CROSSING_STORE_CYCLES``);
+    ``embedded`` as for ``model_cost``."""
     need = max(_registers(program, op, s, module)
                for op, s in zip(program.ops, schedule, strict=True))
-    return model_cost(module, need, isa, datapath, crossing)
+    return model_cost(module, need, isa, datapath, crossing, embedded)
 
 
 #: Choosing between ISAs of one machine (AVX2 and AVX-512): fixed cycles of a call that
