@@ -318,6 +318,28 @@ def test_isa_choice_counts_avx512_broadcasts_read_by_their_fma(monkeypatch):
     assert embedded == separate
 
 
+def test_temporaries_read_back_an_element_at_a_time_pay_the_round_trip():
+    """C = alpha*(A0 + A1)'*B + beta*C, 4 x 4 x 4 f32: the form that stores A0 + A1 in a
+    temporary and broadcasts its elements back waits on each store (5.97 ns on Zen 5
+    with AVX2, against the fused form's 4.05), and is charged SCRATCH_ROUND_TRIP; a
+    temporary read back in whole vectors (y = alpha*A*x + beta*B*x) is not."""
+    from blacc.blacs import plan
+
+    def gemam(target: str):
+        return plan("C = alpha*(A0 + A1)'*B + beta*C", target=target,
+                    A0=blacc.Matrix(4, 4, "f32"), A1=blacc.Matrix(4, 4, "f32"),
+                    B=blacc.Matrix(4, 4, "f32"), C=blacc.Matrix(4, 4, "f32"),
+                    alpha=blacc.Scalar("f32"), beta=blacc.Scalar("f32"))
+
+    for target in ("avx2", "avx512"):
+        assert "t0[" not in gemam(target).source  # the fused form
+    summed = plan("y = alpha*A*x + beta*B*x", target="avx2", A=blacc.Matrix(32, 4, "f32"),
+                  B=blacc.Matrix(32, 4, "f32"), x=blacc.Vector(4, "f32"),
+                  y=blacc.Vector(32, "f32"), alpha=blacc.Scalar("f32"),
+                  beta=blacc.Scalar("f32"))
+    assert "t0[" in summed.source
+
+
 def test_masked_stores_into_an_operand_read_back_set_a_floor(monkeypatch):
     """y = alpha*x + y, n = 99 f32: on AVX-512 its leftover (3 of 4 lanes) is a masked
     store into y, which the next call loads; such a call lasts at least READ_BACK_CYCLES,

@@ -378,8 +378,22 @@ def model_cost(module: k.Module, registers_needed: int, isa: Isa, datapath: int 
         cycles *= 1.0 + 0.25 * (registers_needed - isa.registers)
     if _masked_into_inout(body, isa):
         cycles = max(cycles, READ_BACK_CYCLES)
+    if any(_from_memory(b) and b.value.buf in scratch for b in nodes_of(body, k.Broadcast)):
+        cycles += SCRATCH_ROUND_TRIP
     crossing = CROSSING_STORE_CYCLES if crossing is None else crossing
     return cycles + (_crossing_stores(body, scratch) * crossing if crossing else 0.0)
+
+
+#: A temporary (``k.Local``) stored in vectors and read back an element at a time
+#: (broadcasts) within the call: each read waits for its part of a wider store to be
+#: forwarded, a latency that overlapping calls do not hide. C = alpha*(A0 + A1)'*B +
+#: beta*C, 4 x 4 x 4 f32 on Zen 5: the form with the sum in a temporary, modelled 11
+#: cycles, ran 5.97 ns (26 cycles) on AVX2, the fused form, modelled 18, 4.05 ns (18
+#: cycles). Read back in whole vectors (y = alpha*A*x + beta*B*x), the temporary costs
+#: nothing measurable: charged there too, the fused forms taken instead ran 0.5-0.8x.
+#: Charged in proportion to how little else a call issues (``WINDOW``), it changed the
+#: forms of longer kernels for the worse (micro gemam 6 x 6, 0.71x).
+SCRATCH_ROUND_TRIP = 12.0
 
 
 #: A call that writes an operand it also reads (y of y = alpha*x + y) with a masked store
