@@ -123,9 +123,7 @@ def evaluate(cases: list[dict], setting: dict[str, float]) -> None:
         for case in cases:
             for c in case["candidates"]:
                 c["cost"] = small.program_cost(*c["cost_args"])
-                c["isa_cost"] = small.program_cost(*c["cost_args"], machine.vector_datapath,
-                                                   small.crossing_store_cycles(machine),
-                                                   embedded=True)
+                c["isa_cost"] = small.isa_choice_cost(*c["cost_args"], machine)
         got = regrets(cases, small.CALL_CYCLES, small.WIDER_GAIN)
         best = min(RULES, key=lambda r: _geomean(regrets(cases, *r)["rule"]))
         label = ", ".join(f"{k}={v:g}" for k, v in setting.items()) or "as is"

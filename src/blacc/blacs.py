@@ -34,9 +34,8 @@ from .strategy.small import (
     SEARCHES,
     cheapest_form,
     choose,
-    crossing_store_cycles,
+    isa_choice_cost,
     options,
-    program_cost,
     search_pool,
     worth_wider,
 )
@@ -144,9 +143,7 @@ def plan(program: object, *, name: str = "blac_kernel", target: str | Isa | None
             # one plan per ISA by the model, and the one worth its wider vectors
             modelled = [_model_plan(typed, specs, isa, candidates, name) for isa in isas]
             machine = host_target().machine
-            costs = [program_cost(p.module, p.indexed, p.schedule, p.isa,
-                                  machine.vector_datapath, crossing_store_cycles(machine),
-                                  embedded=True)
+            costs = [isa_choice_cost(p.module, p.indexed, p.schedule, p.isa, machine)
                      for p in modelled]
             return modelled[worth_wider(costs)]
         targets = isas  # timed against each other: the call's cost is in the timings

@@ -390,7 +390,7 @@ def model_cost(module: k.Module, registers_needed: int, isa: Isa, datapath: int 
 #: beta*C, 4 x 4 x 4 f32 on Zen 5: the form with the sum in a temporary, modelled 11
 #: cycles, ran 5.97 ns (26 cycles) on AVX2, the fused form, modelled 18, 4.05 ns (18
 #: cycles). Read back in whole vectors (y = alpha*A*x + beta*B*x), the temporary costs
-#: nothing measurable: charged there too, the fused forms taken instead ran 0.5-0.8x.
+#: nothing measurable: charged there too, the fused forms taken instead ran 0.52-0.84x.
 #: Charged in proportion to how little else a call issues (``WINDOW``), it changed the
 #: forms of longer kernels for the worse (micro gemam 6 x 6, 0.71x).
 SCRATCH_ROUND_TRIP = 12.0
@@ -515,6 +515,15 @@ def program_cost(module: k.Module, program: ix.Program, schedule: Sequence[OpSch
     need = max(_registers(program, op, s, module)
                for op, s in zip(program.ops, schedule, strict=True))
     return model_cost(module, need, isa, datapath, crossing, embedded)
+
+
+def isa_choice_cost(module: k.Module, program: ix.Program, schedule: Sequence[OpSchedule],
+                    isa: Isa, machine: Machine) -> float:
+    """``program_cost`` as the choice between ``machine``'s ISAs sees it: with its
+    datapath (``Machine.vector_datapath``), its cost of a store across a cache line
+    (``crossing_store_cycles``) and AVX-512's broadcasts read by their FMA."""
+    return program_cost(module, program, schedule, isa, machine.vector_datapath,
+                        crossing_store_cycles(machine), embedded=True)
 
 
 #: Choosing between ISAs of one machine (AVX2 and AVX-512): fixed cycles of a call that

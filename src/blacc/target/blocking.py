@@ -187,10 +187,10 @@ def _l3_panel_blocking(l1: CacheLevel, l2: CacheLevel, l3: CacheLevel, s: int, m
     Where 512-bit FMAs take the 256-bit pipes twice (``datapath`` 256, Zen 4), the kernel
     reads 11 bytes of B a cycle and B slivers stream from L3 past the A sliver in L1 (rows
     of tiles outside, ``ROWS_OUTSIDE_SLIVERS`` A slivers; kc the longest mr x kc A sliver
-    that fits the L1 ways but one). At two whole 512-bit FMAs a
-    cycle (Zen 5) it would read 21 of the 32 bytes a cycle L3 gives: there each kc x nr B
-    sliver stays in L2 while the A slivers of a small block pass it (columns of tiles
-    outside, `_b_sliver_in_l2`). Nothing of a micro call then stays in L1, so kc is
+    that fits the L1 ways but one). At two whole 512-bit FMAs a cycle (Zen 5) it would
+    read 21 of the 32 bytes a cycle L3 gives: there each kc x nr B sliver stays in L2
+    while the A slivers of a small block pass it (columns of tiles outside,
+    `_b_sliver_in_l2`). Nothing of a micro call then stays in L1, so kc is
     ``KC_MAX``: the fewer k blocks, the fewer passes over C."""
     budget = l3.size // max(l3.shared_by, 1) // 2
     if datapath:

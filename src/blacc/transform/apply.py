@@ -320,8 +320,8 @@ def _micro_kernel(name: str, dt: str, mr: int, nr: int, unroll: int, lanes: int,
     # harmless, but stays inside). A row of the tile may start anywhere in a line, so
     # its last element is fetched as well as one element per line's width.
     per_line = max(1, CACHE_LINE // itemsize(dt))
-    cols = [k.minimum(col, v["cols"] - 1) for col in range(per_line, nr, per_line)]
-    cols = [k.Const(0), *cols, k.minimum(nr - 1, v["cols"] - 1)] if nr > 1 else [k.Const(0)]
+    cols = dict.fromkeys([k.Const(0), *(k.minimum(col, v["cols"] - 1)
+                                        for col in (*range(per_line, nr, per_line), nr - 1))])
     warm_c = tuple(k.Prefetch("c", c.at(k.minimum(r, v["rows"] - 1), col), write=True)
                    for r in range(mr) for col in cols)
     body = (k.TileZero(tile),
