@@ -92,6 +92,9 @@ class _Renderer:
             xs = {f"x{i}": self.expr(x) for i, x in enumerate(e.xs)}
             name = {1: "sum_lanes", 2: "sum_halves"}.get(e.rows_per_vector, "sum_quarters")
             return self.isa.op(name, e.dtype, e.lanes).format(**xs)
+        if isinstance(e, k.BuildVector):
+            xs = ", ".join(self.expr(x) for x in e.xs)
+            return self.isa.op("build", e.dtype, e.lanes).format(xs=xs)
         if isinstance(e, (k.Halves, k.HalfSplat, k.Half)):
             return self.halves(e)
         if isinstance(e, (k.Zip, k.Unzip)):

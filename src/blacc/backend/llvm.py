@@ -252,6 +252,12 @@ class _FunctionWriter:
             return self.matrix_load(e)
         if isinstance(e, k.MatrixMultiply):
             return self.matrix_multiply(e)
+        if isinstance(e, k.BuildVector):  # one insertelement per lane
+            vec = _Val("poison", e.dtype, e.lanes)
+            for lane, x in enumerate(e.xs):
+                vec = self.value(f"insertelement {vec.typed}, {self.expr(x).typed}, "
+                                 f"i64 {lane}", e.dtype, e.lanes)
+            return vec
         if isinstance(e, (k.Halves, k.HalfSplat, k.Half)):
             return self.halves(e)
         if isinstance(e, (k.Zip, k.Unzip)):

@@ -140,6 +140,33 @@ def _check_halves(node: str, lanes: int) -> None:
 
 
 @dataclass(frozen=True, eq=True)
+class BuildVector(Expr):
+    """A vector whose lane l is the scalar ``xs[l]``: elements that are not next to each
+    other in memory (a column of a row-major B, read down the lanes of a sum) gathered
+    with scalar loads and inserts, once for every row that uses them.
+
+        BuildVector((B[8], B[17], B[26], 0.0))  ->  _mm256_setr_pd(B[8], B[17], B[26], 0.0)
+    """
+
+    xs: tuple[Expr, ...]
+
+    def __post_init__(self) -> None:
+        n = len(self.xs)
+        if n < 2 or n & (n - 1) or any(x.lanes != 1 or x.dtype != self.xs[0].dtype
+                                       for x in self.xs):
+            raise ValueError(f"BuildVector takes 2, 4, 8, ... scalars of one type, got "
+                             f"{[(x.lanes, x.dtype) for x in self.xs]}")
+
+    @property
+    def dtype(self) -> str:  # type: ignore[override]
+        return self.xs[0].dtype
+
+    @property
+    def lanes(self) -> int:  # type: ignore[override]
+        return len(self.xs)
+
+
+@dataclass(frozen=True, eq=True)
 class Halves(Expr):
     """Two vectors of one width side by side, ``lo`` in the low lanes and ``hi`` in the
     high ones (on AVX2, two 128-bit vectors as the halves of a 256-bit one).

@@ -86,7 +86,7 @@ def _decode(data: object) -> Choice | None:
     schedules = []
     for s in raw:
         if not isinstance(s, dict) or set(s) != {"vector", "block", "unroll", "split", "pairs",
-                                                 "one_tail", "quads"}:
+                                                 "one_tail", "quads", "tail_sums"}:
             return None
         block = s["block"]
         if not (s["vector"] is None or isinstance(s["vector"], str)):
@@ -94,10 +94,12 @@ def _decode(data: object) -> Choice | None:
         if not (isinstance(block, list) and len(block) == 2 and all(map(_is_int, block))):
             return None
         if not (_is_int(s["unroll"]) and _is_int(s["split"])
-                and all(isinstance(s[f], bool) for f in ("pairs", "one_tail", "quads"))):
+                and all(isinstance(s[f], bool)
+                        for f in ("pairs", "one_tail", "quads", "tail_sums"))):
             return None
         schedules.append(OpSchedule(s["vector"], (block[0], block[1]), s["unroll"],
-                                    s["split"], s["pairs"], s["one_tail"], s["quads"]))
+                                    s["split"], s["pairs"], s["one_tail"], s["quads"],
+                                    s["tail_sums"]))
     return form, tuple(schedules)
 
 

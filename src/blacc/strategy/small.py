@@ -222,6 +222,12 @@ def _node_issue(e: k.Expr, own: _Issue, acc: _Issue, isa: Isa, loop: str | None,
         own.shuffles += 1.0
         _expr_issue(lo, acc, isa, loop, joined, datapath, single)
         _expr_issue(e.hi, acc, isa, loop, joined, datapath, single)
+    elif isinstance(e, k.BuildVector):
+        # scalar loads joined by inserts (vmovhpd, vinsertps, vinsertf128 with their
+        # loads folded): a shuffle per element after the first, zeros free
+        own.shuffles += max(0, sum(not isinstance(x, k.Const) for x in e.xs) - 1)
+        for x in e.xs:
+            _expr_issue(x, acc, isa, loop, joined, datapath, single)
     elif isinstance(e, k.HalfSplat):
         # a shuffle with an immediate (vpermilps), its load folded; two rows joined from
         # two loads are joined once for all the lanes splatted from them (the C compiler

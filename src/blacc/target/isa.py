@@ -150,6 +150,7 @@ def _avx2_ops() -> dict[tuple[str, str], str]:
             ("-", dt): f"_mm256_sub_{s}({{a}}, {{b}})",
             ("*", dt): f"_mm256_mul_{s}({{a}}, {{b}})",
             ("prefetch", dt): "_mm_prefetch((const char *)({addr}), _MM_HINT_T0)",
+            ("build", dt): f"_mm256_setr_{s}({{xs}})",
         })
     # Lane i is on when i < count: compare a splat of count with 0, 1, 2, ...
     ops[("mask", "f32")] = ("_mm256_cmpgt_epi32(_mm256_set1_epi32((int)({count})), "
@@ -187,6 +188,7 @@ def _avx2_ops() -> dict[tuple[str, str], str]:
             ("+", dt): f"_mm_add_{s}({{a}}, {{b}})",
             ("-", dt): f"_mm_sub_{s}({{a}}, {{b}})",
             ("*", dt): f"_mm_mul_{s}({{a}}, {{b}})",
+            ("build", dt): f"_mm_setr_{s}({{xs}})",
         })
     ops[("mask", "f32x4")] = ("_mm_cmpgt_epi32(_mm_set1_epi32((int)({count})), "
                               "_mm_setr_epi32(0, 1, 2, 3))")
@@ -345,6 +347,7 @@ def _avx512_ops() -> dict[tuple[str, str], str]:
                 ("-", key): f"{pre}_sub_{s}({{a}}, {{b}})",
                 ("*", key): f"{pre}_mul_{s}({{a}}, {{b}})",
                 ("mask", key): f"(__mmask{max(lanes, 8)})blacc_first_lanes({{count}}, {lanes})",
+                ("build", key): f"{pre}_setr_{s}({{xs}})",
             })
         ops[("prefetch", dt)] = "_mm_prefetch((const char *)({addr}), _MM_HINT_T0)"
         ops[("hsum", dt)] = f"_mm512_reduce_add_{s}({{x}})"
