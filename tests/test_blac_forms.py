@@ -271,7 +271,7 @@ def test_measuring_search_for_another_target_times_the_planned_form(tmp_path):
     """emit(target='generic', search='exhaustive') on a machine with AVX2: the two
     targets' models prefer different forms (one operation or two); the candidates timed
     must be schedules of the form planned for the target."""
-    decls = dict(alpha=S(), A0=M(4, 12), A1=M(4, 12), B=M(4, 4), beta=S(), C=M(12, 4))
+    decls = dict(alpha=S(), A0=M(4, 16), A1=M(4, 16), B=M(4, 4), beta=S(), C=M(16, 4))
     source = PROGRAMS["gemam"][0]
     typed = _typed(source, decls)
     specs = arg_specs(typed)

@@ -195,10 +195,17 @@ def _node_issue(e: k.Expr, own: _Issue, acc: _Issue, isa: Isa, loop: str | None,
             own.fp += BROADCAST_FP
         elif not isinstance(e.value, (k.Const, k.Var)):
             # a splat of a constant or of a scalar variable (alpha) is hoisted by the C
-            # compiler; one of a computed value costs a shuffle
-            own.fp += 1.0
+            # compiler; one of a computed value costs a shuffle (vbroadcastsd from a
+            # register: a shuffle pipe). Charged to the FMA pipes, the fused
+            # C = alpha*(A0 + A1)'*B + beta*C, 4 x 4 x 12 f32, was modelled slower than
+            # its temporary form, which ran 1.45x as long on Zen 5.
+            own.shuffles += 1.0
             _expr_issue(e.value, acc, isa, loop, joined, datapath, single)
     elif isinstance(e, (k.Fma, k.Bin)):
+        if joined is not None and _recomputed(e):
+            if e in joined:  # computed once by the C compiler, and kept
+                return
+            joined.add(e)
         if e.dtype in ("f32", "f64"):
             own.fp += 1.0
         parts = (e.a, e.b, e.c) if isinstance(e, k.Fma) else (e.a, e.b)
@@ -264,6 +271,16 @@ def _node_issue(e: k.Expr, own: _Issue, acc: _Issue, isa: Isa, loop: str | None,
         _expr_issue(e.x, acc, isa, loop, joined, datapath, single)
 
 
+def _recomputed(e: k.Expr) -> bool:
+    """Whether ``e`` is scalar arithmetic on values read from memory (no variable it
+    might be assigned between two occurrences): what the C compiler computes once where
+    straight-line code repeats it, e.g. A0[k,i] + A1[k,i] of a fused
+    C = alpha*(A0 + A1)'*B + beta*C, splatted for a row's vector and used as is by its
+    scalar leftover."""
+    return e.lanes == 1 and e.dtype in ("f32", "f64") and all(
+        v.dtype not in ("f32", "f64") for v in nodes_of(e, k.Var))
+
+
 def _zip_shuffles(e: k.Zip | k.Unzip, isa: Isa) -> float:
     """Shuffles charged for a ``Zip`` or ``Unzip``: an unpack on 128 bits, one
     two-source permute on AVX-512 (vpermt2ps), an unpack within the halves and a permute
@@ -312,7 +329,9 @@ def _cycles(body: tuple[k.Stmt, ...], isa: Isa, loop: str | None = None,
         return max(segment.cycles, longest * exposed)
 
     for s in body:
-        if isinstance(s, (k.Decl, k.Assign)):
+        if isinstance(s, k.Barrier):  # what was loaded or computed before is not reused
+            joined = set()
+        elif isinstance(s, (k.Decl, k.Assign)):
             _expr_issue(s.value, segment, isa, loop, joined, datapath, single)
             if isinstance(s, k.Decl):
                 local.add(s.var.name)
