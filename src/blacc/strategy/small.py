@@ -125,7 +125,7 @@ def _uses(e: k.Expr, name: str) -> bool:
 
 def _expr_issue(e: k.Expr, acc: _Issue, isa: Isa, loop: str | None = None,
                 joined: set[k.Expr] | None = None, datapath: int = 0,
-                single: frozenset[k.Expr] = frozenset()) -> None:
+                single: frozenset[k.Expr] | None = None) -> None:
     """Add the instructions of ``e`` to ``acc``. Inside a loop over ``loop``, a load whose
     address does not depend on it is hoisted out of the loop by the C compiler (B of
     ``C(n x 4) = A*B(4x4)`` stays in registers across the rows): it costs nothing there.
@@ -144,7 +144,7 @@ def _from_memory(e: k.Expr) -> bool:
 
 
 def _embedded_broadcast(e: k.Fma | k.Bin, parts: tuple[k.Expr, ...], isa: Isa,
-                        single: frozenset[k.Expr]) -> k.Expr | None:
+                        single: frozenset[k.Expr] | None) -> k.Expr | None:
     """The operand of an arithmetic instruction that AVX-512 reads as an embedded broadcast
     (``vfmadd231pd (a){1to8}, b, acc``): a broadcast straight from memory, one per
     instruction, on ISAs with EVEX encoding (those with mask registers), where it occurs
@@ -152,7 +152,7 @@ def _embedded_broadcast(e: k.Fma | k.Bin, parts: tuple[k.Expr, ...], isa: Isa,
     of A into FMAs and multiplies. One that occurs twice in a piece of straight-line code
     is computed once into a register instead (32 x 4 x 32 f32, two vectors a row: 64
     broadcasts held, and spilled)."""
-    if not isa.mask_registers or e.dtype not in ("f32", "f64"):
+    if single is None or not isa.mask_registers or e.dtype not in ("f32", "f64"):
         return None
     return next((p for p in parts if p in single), None)
 
@@ -173,7 +173,8 @@ def _pieces(lanes: int, dtype: str, datapath: int) -> int:
 
 
 def _node_issue(e: k.Expr, own: _Issue, acc: _Issue, isa: Isa, loop: str | None,
-                joined: set[k.Expr] | None, datapath: int, single: frozenset[k.Expr]) -> None:
+                joined: set[k.Expr] | None, datapath: int,
+                single: frozenset[k.Expr] | None) -> None:
     """``_expr_issue``: the instructions of ``e`` itself into ``own``, those of its operands
     into ``acc``."""
     if isinstance(e, k.Load):
@@ -192,7 +193,9 @@ def _node_issue(e: k.Expr, own: _Issue, acc: _Issue, isa: Isa, loop: str | None,
             # C compilers leave it in a loop even where it is invariant (the lowering
             # hoists the ones that fit in registers itself)
             own.loads += 1.0
-            own.fp += BROADCAST_FP
+            if single is None or not isa.mask_registers:
+                # (AVX-512 cores take it as a load alone: Zen 4 and 5, Intel since Skylake)
+                own.fp += BROADCAST_FP
         elif not isinstance(e.value, (k.Const, k.Var)):
             # a splat of a constant or of a scalar variable (alpha) is hoisted by the C
             # compiler; one of a computed value costs a shuffle (vbroadcastsd from a
@@ -309,7 +312,7 @@ def _reduce_latency(e: k.Expr) -> int:
 
 def _cycles(body: tuple[k.Stmt, ...], isa: Isa, loop: str | None = None,
             scratch: frozenset[str] = frozenset(), exposed: float = 1.0, datapath: int = 0,
-            single: frozenset[k.Expr] = frozenset()) -> tuple[float, _Issue, int]:
+            single: frozenset[k.Expr] | None = None) -> tuple[float, _Issue, int]:
     """(estimated cycles, instructions issued, dependent updates carried by variables
     declared outside ``body``) of straight-line code with loops. Straight-line code runs
     out of order: its time is its issue time or its longest chain of dependent updates,
@@ -388,7 +391,7 @@ def model_cost(module: k.Module, registers_needed: int, isa: Isa, datapath: int 
     (``_embedded_broadcast``) rather than charged as instructions of their own."""
     body = module.function(module.entry).body
     scratch = frozenset(s.buf for s in body if isinstance(s, k.Local))
-    single = _single_broadcasts(body) if embedded else frozenset()
+    single = _single_broadcasts(body) if embedded else None
     cycles, issued, _ = _cycles(body, isa, scratch=scratch, datapath=datapath, single=single)
     if issued.total < WINDOW:  # the next call starts before this one's chains end
         cycles, _, _ = _cycles(body, isa, scratch=scratch, exposed=issued.total / WINDOW,

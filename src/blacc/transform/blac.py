@@ -516,8 +516,8 @@ class _Gen:
         if isinstance(node.body, ix.Mul):
             a = self.value(node.body.a, inner, body)
             b = self.value(node.body.b, inner, body)
-            pairs = [(self.widen(x, acc.lanes), self.widen(y, acc.lanes))
-                     for acc, x, y in zip(accs, a, b, strict=True)]
+            pairs = self.shared_splats([(self.widen(x, acc.lanes), self.widen(y, acc.lanes))
+                                        for acc, x, y in zip(accs, a, b, strict=True)], body)
             uses: dict[k.Expr, int] = {}
             for e in (e for pair in pairs for e in pair):
                 uses[e] = uses.get(e, 0) + 1
@@ -541,6 +541,45 @@ class _Gen:
         for acc, x in zip(accs, self.value(node.body, inner, body), strict=True):
             x = self.widen(x, acc.lanes)
             body.append(k.Decl(acc, x) if first else k.Assign(acc, k.Bin("+", acc, x)))
+
+    def shared_splats(self, pairs: list[tuple[k.Expr, k.Expr]], body: list[k.Stmt]
+                      ) -> list[tuple[k.Expr, k.Expr]]:
+        """``pairs`` (the factors of one term for each position) with a scalar splat at
+        several widths (a row of 10 f64 as vectors of 8 and 2 lanes) splatted once, at
+        the widest, into a variable, the narrower ones its low part (a free cast): one
+        load, not one per width. C = A*B 10 x 10 x 10 f64 on Zen 5: 23.8 ns against
+        27.3 with a broadcast from memory in each FMA."""
+        widest: dict[k.Expr, int] = {}
+        for e in (e for pair in pairs for e in pair):
+            if isinstance(e, k.Broadcast) and not _constant(e):
+                widest[e.value] = max(widest.get(e.value, 0), e.lanes)
+        shared: dict[k.Expr, k.Var] = {}
+
+        def splat(e: k.Expr) -> k.Expr:
+            if not isinstance(e, k.Broadcast) or e.value not in widest:
+                return e
+            w = widest[e.value]
+            uses = [x.lanes for pair in pairs for x in pair
+                    if isinstance(x, k.Broadcast) and x.value == e.value]
+            if min(uses) == w or uses.count(w) > 1:
+                # one width only; or a wide splat several FMAs share, which is a register
+                # already (4 x 4 x 100 f32 in blocks of 2 x 4: sharing it with the 4-lane
+                # leftover tipped the model off blocks of 4 x 3, 0.93x as fast on Zen 5)
+                return e
+            lanes = w
+            while lanes > e.lanes:
+                if not self.isa.has_op("half_lo", self.dt, lanes):
+                    return e
+                lanes //= 2
+            if e.value not in shared:
+                shared[e.value] = self.fresh("s", w)
+                body.append(k.Decl(shared[e.value], k.Broadcast(e.value, w)))
+            out: k.Expr = shared[e.value]
+            while out.lanes > e.lanes:
+                out = k.Half(out, 0)
+            return out
+
+        return [(splat(x), splat(y)) for x, y in pairs]
 
     def accumulate(self, node: ix.Sum, ctxs: list[dict], group: list[_Chunk],
                    sets: list[list[k.Var]], vectorized: bool, out: list[k.Stmt]) -> None:
