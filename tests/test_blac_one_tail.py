@@ -175,21 +175,31 @@ def test_one_tail_compiled_against_guard_pages(tmp_path, name, m, n, dtype):
     source, decls_of = PROGRAMS[name]
     decls = decls_of(m, n, dtype)
     p = _plan(source, "avx512", **decls)
+    fns = first_and_last_compiled(
+        p, lambda s: s.one_tail,
+        lambda module: any(x.count is not None for x in nodes_of(module, (k.Load, k.Store))),
+        tmp_path / "tk")
+    values = make_values(decls, dtype, np.random.default_rng(seed_of("tg", name, m, n)))
+    check_guarded(fns, p, values, f"{name} {m}x{n} {dtype}")
+
+
+def first_and_last_compiled(p, wanted, check, stem) -> list:
+    """The first and last AVX-512 candidate of plan ``p`` that ``wanted`` accepts, each
+    module passing ``check``, compiled by gcc (always): as (schedule, backend, function)
+    for gcc's code and the LLVM JIT's where the CPU runs AVX-512; else the test is
+    skipped once they compiled."""
     modules = [(schedule, module) for schedule, module
-               in candidate_modules(p, AVX512, lambda s: s.one_tail) if module is not None]
+               in candidate_modules(p, AVX512, wanted) if module is not None]
     assert modules
     fns = []
     for i, (sched, module) in enumerate(dict.fromkeys((modules[0], modules[-1]))):
-        assert any(x.count is not None for x in nodes_of(module, (k.Load, k.Store)))
-        fn = _compiled(module, AVX512, tmp_path / f"tk{i}")
-        if not NATIVE["avx512"]:
-            continue
-        fns.append((sched, "c", fn))
-        fns.append((sched, "llvm", _llvm_function(module, AVX512)))
+        assert check(module), sched
+        fn = _compiled(module, AVX512, stem.with_name(f"{stem.name}{i}"))
+        if NATIVE["avx512"]:
+            fns += [(sched, "c", fn), (sched, "llvm", _llvm_function(module, AVX512))]
     if not NATIVE["avx512"]:
         pytest.skip("compiled only: this CPU cannot run AVX-512")
-    values = make_values(decls, dtype, np.random.default_rng(seed_of("tg", name, m, n)))
-    check_guarded(fns, p, values, f"{name} {m}x{n} {dtype}")
+    return fns
 
 
 # ----------------------------------------------------------------------------- choice

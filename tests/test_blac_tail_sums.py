@@ -33,8 +33,9 @@ from blacc.ir.walk import nodes_of
 from blacc.runtime import plan_cache
 from blacc.target.isa import AVX2, AVX512
 from blacc.transform.blac import OpSchedule, build_module, candidates
-from test_blac_columns import CC, NATIVE, _compiled
-from test_blac_pairs import _llvm_function, candidate_modules, check_guarded
+from test_blac_columns import CC
+from test_blac_one_tail import first_and_last_compiled
+from test_blac_pairs import candidate_modules, check_guarded
 from test_blac_programs import assert_matches, make_values, run_interp, seed_of
 
 M, S = blacc.Matrix, blacc.Scalar
@@ -174,19 +175,9 @@ def test_tail_sums_compiled_against_guard_pages(tmp_path, name, shape, dtype):
     source, decls_of = PROGRAMS[name]
     decls = decls_of(*shape, dtype)
     p = plan(source, target="avx512", **decls)
-    modules = [(schedule, module) for schedule, module
-               in candidate_modules(p, AVX512, lambda s: s.tail_sums) if module is not None]
-    assert modules
-    fns = []
-    for i, (sched, module) in enumerate(dict.fromkeys((modules[0], modules[-1]))):
-        assert nodes_of(module, k.BuildVector)
-        fn = _compiled(module, AVX512, tmp_path / f"ts{i}")
-        if not NATIVE["avx512"]:
-            continue
-        fns.append((sched, "c", fn))
-        fns.append((sched, "llvm", _llvm_function(module, AVX512)))
-    if not NATIVE["avx512"]:
-        pytest.skip("compiled only: this CPU cannot run AVX-512")
+    fns = first_and_last_compiled(p, lambda s: s.tail_sums,
+                                  lambda module: nodes_of(module, k.BuildVector),
+                                  tmp_path / "ts")
     values = make_values(decls, dtype, np.random.default_rng(seed_of("tsg", name, shape)))
     check_guarded(fns, p, values, f"{name} {shape} {dtype}")
 

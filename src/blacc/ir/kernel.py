@@ -140,7 +140,18 @@ def _check_halves(node: str, lanes: int) -> None:
 
 
 @dataclass(frozen=True, eq=True)
-class BuildVector(Expr):
+class _OfSeveral(Expr):
+    """A value made of several others of one type (``xs``)."""
+
+    xs: tuple[Expr, ...]
+
+    @property
+    def dtype(self) -> str:  # type: ignore[override]
+        return self.xs[0].dtype
+
+
+@dataclass(frozen=True, eq=True)
+class BuildVector(_OfSeveral):
     """A vector whose lane l is the scalar ``xs[l]``: elements that are not next to each
     other in memory (a column of a row-major B, read down the lanes of a sum) gathered
     with scalar loads and inserts, once for every row that uses them.
@@ -148,18 +159,12 @@ class BuildVector(Expr):
         BuildVector((B[8], B[17], B[26], 0.0))  ->  _mm256_setr_pd(B[8], B[17], B[26], 0.0)
     """
 
-    xs: tuple[Expr, ...]
-
     def __post_init__(self) -> None:
         n = len(self.xs)
         if n < 2 or n & (n - 1) or any(x.lanes != 1 or x.dtype != self.xs[0].dtype
                                        for x in self.xs):
             raise ValueError(f"BuildVector takes 2, 4, 8, ... scalars of one type, got "
                              f"{[(x.lanes, x.dtype) for x in self.xs]}")
-
-    @property
-    def dtype(self) -> str:  # type: ignore[override]
-        return self.xs[0].dtype
 
     @property
     def lanes(self) -> int:  # type: ignore[override]
@@ -394,7 +399,7 @@ class Reduce(Expr):
 
 
 @dataclass(frozen=True, eq=True)
-class SumLanes(Expr):
+class SumLanes(_OfSeveral):
     """Lane j is the sum of row j, where ``xs`` hold as many rows as they have lanes, in
     order: one row per vector (n vectors of n lanes), two, one in each half (n/2
     vectors: rows half a vector long, held in pairs), or four, one in each quarter (n/4
@@ -405,8 +410,6 @@ class SumLanes(Expr):
         SumLanes((p0, p1)), 4 lanes each    ->  [hsum(lo(p0)), hsum(hi(p0)), hsum(lo(p1)), ...]
     """
 
-    xs: tuple[Expr, ...]
-
     def __post_init__(self) -> None:
         n = self.xs[0].lanes if self.xs else 0
         if (len(self.xs) < 2 or n & (n - 1) or len(self.xs) not in (n, n // 2, n // 4)
@@ -414,10 +417,6 @@ class SumLanes(Expr):
             raise ValueError(f"SumLanes takes n, n/2 or n/4 vectors of n lanes of one type "
                              f"(n = 2, 4, 8, ...; at least two vectors), got "
                              f"{[(x.lanes, x.dtype) for x in self.xs]}")
-
-    @property
-    def dtype(self) -> str:  # type: ignore[override]
-        return self.xs[0].dtype
 
     @property
     def lanes(self) -> int:  # type: ignore[override]
