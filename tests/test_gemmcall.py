@@ -281,3 +281,67 @@ def test_routes_keep_backends_and_strategies_apart(rng):
     held = {runtime_gemm.remembered(A, B, C, strategy=s).kernel.module.entry
             for s in ("tiling", "blis")}
     assert len(held) == 2
+
+
+# NumPy leaves the stride of a dimension of extent 1 arbitrary, also in what
+# ascontiguousarray returns: [m, n, k] with ones, in layouts that give such strides.
+EXTENT_ONE_SHAPES = [(1, 10, 2), (10, 1, 2), (1, 1, 5), (3, 7, 1), (1, 1, 1), (1, 9, 1)]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", EXTENT_ONE_SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_a_dimension_of_extent_one_takes_any_stride(dtype, shape, rng, make_operand,
+                                                    assert_gemm_close):
+    """A stride along a dimension of extent 1 is never applied, so it counts as unit, both
+    where the kernel is chosen and where the extension checks the strides the kernel was
+    compiled for (the first call is checked too, so the two must agree). Each call is made
+    twice, the second repeating the first where it was remembered, in every layout of A,
+    B and C. 1 x 10 x 2 with C's columns reversed is the repeat a CI run once refused
+    ("the kernel needs a unit stride"), in a test order not reproduced since."""
+    m, n, k = shape
+    for layout in LAYOUTS:
+        for la, lb in ((layout, "C"), ("C", layout), (layout, layout)):
+            A = make_operand(rng, m, k, dtype, la)
+            B = make_operand(rng, k, n, dtype, lb)
+            C = make_operand(rng, m, n, dtype, layout, pad_value=-7.0)
+            C0 = C.copy()
+            for _ in range(2):
+                C[...] = C0
+                assert blacc.gemm(A, B, C, alpha=1.0, beta=0.5) is C
+                assert_gemm_close(C, A, B, C0, 1.0, 0.5,
+                                  context=f"A {la}, B {lb}, C {layout}")
+
+
+def test_the_first_call_checks_the_strides_its_kernel_was_compiled_for(rng, monkeypatch):
+    """A kernel chosen for strides the arrays do not have is refused before it runs, on the
+    first call as on a repeat: nothing is written, and nothing is remembered."""
+    A, B = rng.standard_normal((6, 5)), rng.standard_normal((5, 4))
+    C = np.zeros((6, 4))
+    real = runtime_gemm.dispatch
+
+    def claims_unit_rows_of_b(*args):
+        kernel, sized, address, unit = real(*args)
+        return kernel, sized, address, unit | runtime_gemm.UNIT_B_ROWS
+
+    monkeypatch.setattr(runtime_gemm, "dispatch", claims_unit_rows_of_b)
+    with pytest.raises(ValueError, match="needs a unit stride"):
+        blacc.gemm(A, B, C)
+    np.testing.assert_array_equal(C, 0.0)
+    assert runtime_gemm.remembered(A, B, C) is None
+
+
+def test_dispatch_keeps_the_targets_it_keys_alive():
+    """The dispatch table keys a target by its id; the target stays alive, so that a target
+    made later cannot take the id and be given another target's kernels."""
+    import dataclasses
+    import gc
+    import weakref
+
+    from blacc.target.isa import GENERIC
+
+    target = dataclasses.replace(host_target(), isa=GENERIC)
+    seen = weakref.ref(target)
+    dispatch(target, "c", "auto", "f64", 3, 4, 5, True, True)
+    del target
+    gc.collect()
+    assert seen() is not None

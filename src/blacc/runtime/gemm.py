@@ -119,6 +119,13 @@ def _usable_in_place(x: np.ndarray) -> bool:
         s0 == size or s1 == size)
 
 
+def _unit(x: np.ndarray, dim: int) -> bool:
+    """Whether ``x`` steps one element along ``dim``; a dimension of extent 1 is never
+    stepped along, so any stride there counts (NumPy leaves such strides arbitrary, even in
+    what ``ascontiguousarray`` returns)."""
+    return x.strides[dim] == x.itemsize or x.shape[dim] == 1
+
+
 def _in_place_or_copy(x: np.ndarray) -> np.ndarray:
     return x if _usable_in_place(x) else np.ascontiguousarray(x)
 
@@ -191,8 +198,10 @@ def _ptr(x: np.ndarray) -> int:
 
 #: (target, backend, strategy, dtype, m, n, k, unit column strides of A and B) -> compiled
 #: kernel, so the per-call cost of choosing is one dict lookup. Bounded: cleared past the
-#: limit.
+#: limit. The key holds the target's id (hashing a Target costs microseconds); the targets
+#: keyed are kept alive in ``_KEYED_TARGETS``, so that no other target can take that id.
 _DISPATCH: dict[tuple, tuple[NativeKernel, bool, int, int | None]] = {}
+_KEYED_TARGETS: dict[int, Target] = {}
 _DISPATCH_LIMIT = 4096
 
 _PACKING_FAILED = "blacc: the GEMM kernel could not allocate its packing buffers"
@@ -230,6 +239,8 @@ def dispatch(tgt: Target, backend: str, strategy: str, dtype: str, m: int, n: in
         found = (kernel, entry.params[0].dtype == "i64", address, _unit_flags(plan))
         if len(_DISPATCH) >= _DISPATCH_LIMIT:
             _DISPATCH.clear()
+            _KEYED_TARGETS.clear()
+        _KEYED_TARGETS[id(tgt)] = tgt
         _DISPATCH[key] = found
     return found
 
@@ -312,7 +323,7 @@ def run_gemm(call: GemmCall, target: Target | None = None, backend: str = "c",
     out = c
     if not _usable_in_place(c):
         out = np.ascontiguousarray(c) if call.beta != 0 else np.empty(c.shape, c.dtype)
-    swap = out.strides[1] != out.itemsize
+    swap = not _unit(out, 1)
     if swap:  # unit row stride: compute C^T = B^T A^T
         a, b, out_k = b.T, a.T, out.T
     else:
@@ -324,10 +335,12 @@ def run_gemm(call: GemmCall, target: Target | None = None, backend: str = "c",
     size = a.itemsize
     kernel, takes_extents, address, unit = dispatch(
         target or host_target(), backend, strategy, call.dtype, mk, nk, k,
-        a.strides[1] == size, b.strides[1] == size, b.strides[0] == size)
+        _unit(a, 1), _unit(b, 1), _unit(b, 0))
     callers = gemm_caller()
     if callers is not None:
-        status = callers[call.dtype](address, takes_extents, call.alpha, a, b, call.beta, out_k)
+        # the extension checks the strides the kernel was compiled for, as a repeat will
+        status = callers[call.dtype](address, takes_extents, call.alpha, a, b, call.beta, out_k,
+                                     unit or 0)
         if status == 0 and remember is not None and unit is not None and not copied:
             # the overlap check is a few comparisons in C; a fresh C always passes it
             flags = (unit | CHECK_OVERLAP | (TRANS_A if call.trans_a else 0)

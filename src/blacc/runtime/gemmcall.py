@@ -131,8 +131,11 @@ static int NAME##_run(const Py_buffer *v, void *address, int sized, long flags, 
         return RAISED;                                                                    \
     }                                                                                     \
     const Py_ssize_t e = (Py_ssize_t)sizeof(T);                                           \
-    if (((flags & UNIT_A) && ta[1] != e) || ((flags & UNIT_B) && tb[1] != e) ||           \
-        ((flags & UNIT_C) && tc[1] != e) || ((flags & UNIT_B_ROWS) && tb[0] != e)) {      \
+    /* a stride along a dimension of extent 1 is never applied: it counts as unit */      \
+    if (((flags & UNIT_A) && ta[1] != e && sa[1] != 1) ||                                 \
+        ((flags & UNIT_B) && tb[1] != e && sb[1] != 1) ||                                 \
+        ((flags & UNIT_C) && tc[1] != e && sc[1] != 1) ||                                 \
+        ((flags & UNIT_B_ROWS) && tb[0] != e && sb[0] != 1)) {                            \
         PyErr_SetString(PyExc_ValueError, "the kernel needs a unit stride");              \
         return RAISED;                                                                    \
     }                                                                                     \
