@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 from ..errors import ScheduleError
 from ..ir import kernel as k
-from ..ir.walk import names_used, rewrite, simplify
+from ..ir.walk import loaded_buffers, names_used, rewrite, simplify
 from ..target.isa import GENERIC, Isa
 
 _SCALAR = {"f32": "float", "f64": "double", "i64": "int64_t", "i32": "int32_t", "bool": "int"}
@@ -22,6 +22,7 @@ _INFIX = {"+", "-", "*", "/", "%", "<", "<=", "==", "!=", "and"}
 class _Renderer:
     def __init__(self, isa: Isa) -> None:
         self.isa = isa
+        self.read_back: frozenset[str] = frozenset()  # of the function being printed
 
     # ------------------------------------------------------------------ types and values
     def type(self, dtype: str, lanes: int) -> str:
@@ -177,7 +178,8 @@ class _Renderer:
             dt = s.value.dtype
             if s.count is None:
                 return [f"{pad}{self.isa.op('store', dt, lanes).format(addr=addr, x=x)};"]
-            if self.isa.plain_moves("store", dt, lanes, k.const_value(s.count)):
+            if self.isa.plain_moves("store", dt, lanes, k.const_value(s.count),
+                                    read_back=s.buf in self.read_back):
                 # the value is used by several stores: computed once, in a block of its own
                 part = "blacc_part"
                 stores = self.store_first(s.buf, s.index, part, dt, lanes, int(s.count.value))
@@ -236,6 +238,7 @@ class _Renderer:
         # Scratch pointers start NULL so that the failure path may free them all.
         # An entry keeps its ABI even where a parameter was fixed at compile time.
         used = names_used(f.body)
+        self.read_back = loaded_buffers(f.body)
         lines = [self.signature(f) + " {",
                  *[f"    (void){p.name};" for p in f.params if p.name not in used],
                  *[f"    {_SCALAR[s.dtype]} *restrict {s.buf} = NULL;" for s in allocs],

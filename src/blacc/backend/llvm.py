@@ -32,7 +32,7 @@ from llvmlite.binding import llvm_version_info
 
 from ..errors import ScheduleError
 from ..ir import kernel as k
-from ..ir.walk import rewrite
+from ..ir.walk import loaded_buffers, rewrite
 from ..target.isa import Isa
 
 _SCALAR = {"f32": "float", "f64": "double", "i64": "i64", "i32": "i32", "bool": "i1",
@@ -157,6 +157,7 @@ class _FunctionWriter:
         self.buffers: dict[str, tuple[str, str, bool]] = {}  # name -> (pointer, dtype, in slot)
         self.block = "entry.0"
         self.oom = False
+        self.read_back = loaded_buffers(func.body)  # stored with plain moves (plain_moves)
 
     # ------------------------------------------------------------------ emission helpers
     def fresh(self, hint: str) -> str:
@@ -499,7 +500,8 @@ class _FunctionWriter:
             self.emit(f"store {v.typed}, ptr {ptr}, align {_SIZE[v.dtype]}")
             return
         count = k.const_value(s.count)
-        if self.m.isa.plain_moves("store", v.dtype, v.lanes, count):
+        if self.m.isa.plain_moves("store", v.dtype, v.lanes, count,
+                                  read_back=s.buf in self.read_back):
             ptr = self.address(s.buf, s.index)
             part = (self.value(f"extractelement {v.typed}, i64 0", v.dtype) if count == 1
                     else self.shuffle(v, None, list(range(count))))

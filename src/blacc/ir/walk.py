@@ -6,7 +6,7 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from .kernel import Expr, Var
+from .kernel import Expr, Load, Var
 
 T = TypeVar("T")
 
@@ -88,3 +88,8 @@ def names_used(node: Any) -> set[str]:
 
     rewrite(node, visit)
     return names
+
+
+def loaded_buffers(node: Any) -> frozenset[str]:
+    """The buffers ``node`` (a kernel, a statement) loads from."""
+    return frozenset(e.buf for e in nodes_of(node, Load))

@@ -1273,13 +1273,12 @@ def candidates(program: ix.Program, op: ix.Op, isa: Isa | None = None) -> list[O
         # to row; unrolled rows share B's loads better in a taller tile (4 x n: 0.9x)
         wide = _row_spans(span[1], registers) if span[0] > OpSchedule.unroll else ()
         # one masked tail only where masked moves are fast (mask registers: with AVX2's
-        # vmaskmov, C = A*B 3 x 3 x 3 f64 ran 0.5x as fast as with 2 + 1 lanes), and not
-        # into an output the program reads: each row's masked store makes the next
-        # call's load of it wait (C = alpha*A*B + beta*C, 12 x 4 x 12 f32: 0.22x)
+        # vmaskmov, C = A*B 3 x 3 x 3 f64 ran 0.5x as fast as with 2 + 1 lanes); into an
+        # output the program reads, stored as plain pieces (``Isa.plain_moves``): a
+        # masked store makes the next load of it wait (C = alpha*A*B + beta*C,
+        # 12 x 4 x 12 f32: 0.22x)
         tail_differs = (v in extent and isa is not None and isa.mask_registers
-                        and not _read_anywhere(program, op.out)
-                        and chunks(extent[v], isa.widths(program.dtype), True)
-                        != chunks(extent[v], isa.widths(program.dtype)))
+                        and _one_tail_differs(program, op, isa, extent[v]))
         sum_tail = v in extent and isa is not None and _sum_tail_applies(program, op, isa, v,
                                                                          extent[v])
         for bu, bv in (TALL_FIRST if v in extent else BLOCKS) + wide:
@@ -1323,6 +1322,20 @@ QUAD_ROWS = (4, 8, 16, 32)
 def _read_anywhere(program: ix.Program, name: str) -> bool:
     """Whether an operation of ``program`` reads operand ``name``."""
     return any(r.operand == name for o in program.ops for r in ix.reads(o.body))
+
+
+def _one_tail_differs(program: ix.Program, op: ix.Op, isa: Isa, extent: int) -> bool:
+    """Whether one masked tail (``OpSchedule.one_tail``) covers ``extent`` lanes of
+    ``op``'s output otherwise than the exact pieces do, and can be stored: into an output
+    the program reads, only as plain pieces."""
+    widths = isa.widths(program.dtype)
+    tail = chunks(extent, widths, True)
+    if tail == chunks(extent, widths):
+        return False
+    last = tail[-1]
+    return (not _read_anywhere(program, op.out) or not last.masked
+            or isa.plain_moves("store", program.dtype, last.width, last.count,
+                               read_back=True) is not None)
 
 
 def _pair_candidates(program: ix.Program, op: ix.Op, isa: Isa, v: str, extent: dict,
