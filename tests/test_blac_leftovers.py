@@ -50,11 +50,16 @@ def test_partial_pieces_avx2():
 
 
 def test_plain_moves_stores_always_loads_as_one_move():
+    """Loads of a buffer the kernel also stores into (read back) are the stores' pieces,
+    so that each is forwarded from one store; with mask registers they stay masked."""
     for dt, n in WIDTHS:
         for c in range(1, n):
-            assert AVX2.plain_moves("store", dt, n, c) == AVX2.partial_pieces(dt, n, c)
-            single = len(AVX2.partial_pieces(dt, n, c)) == 1
+            pieces = AVX2.partial_pieces(dt, n, c)
+            assert AVX2.plain_moves("store", dt, n, c) == pieces
+            single = len(pieces) == 1
             assert (AVX2.plain_moves("load", dt, n, c) is not None) == single, (dt, n, c)
+            assert AVX2.plain_moves("load", dt, n, c, read_back=True) == pieces
+            assert AVX512.plain_moves("load", dt, n, c, read_back=True) is None
 
 
 # ----------------------------------------------------------------------------- one node
@@ -128,6 +133,58 @@ def test_partial_nodes_compiled_against_guard_pages(tmp_path, dtype, lanes):
                 where = f"{backend} {dtype} {lanes} lanes count {count} {side}"
                 np.testing.assert_array_equal(full, want_full, err_msg=where)
                 np.testing.assert_array_equal(out[0], want_out, err_msg=where)
+
+    run_isolated(body)
+
+
+def _update_module(dtype: str, lanes: int, count: int) -> k.Module:
+    """io[1 : 1+count] = 2 * io[1 : 1+count]: a buffer read back, its partial load and
+    store in the same pieces."""
+    v = k.Var("v", dtype, lanes)
+    body = (k.Decl(v, k.Load("io", k.Const(1), dtype, lanes, k.Const(count))),
+            k.Store("io", k.Const(1), k.Bin("+", v, v), k.Const(count)))
+    return k.Module((k.Function("f", (k.Param("io", dtype, pointer=True),), body,
+                                exported=True),), "f")
+
+
+@pytest.mark.parametrize(("dtype", "lanes", "count"), NODE_CASES)
+def test_a_buffer_read_back_loads_as_it_was_stored(dtype, lanes, count):
+    """AVX2 loads the first lanes of a buffer it stores into in the stores' plain pieces;
+    AVX-512 stores them in pieces and loads them masked."""
+    module = _update_module(dtype, lanes, count)
+    src, ir = c_backend.render(module, AVX2), llvm_backend.render(module, AVX2)
+    assert "mask" not in src and "llvm.masked" not in ir, src
+    wide = AVX512.lanes(dtype)
+    src = c_backend.render(_update_module(dtype, wide, count), AVX512)
+    assert "_mask_storeu_" not in src and "_maskz_loadu_" in src, src
+    io = np.arange(1, count + 2, dtype=NP[dtype]) / 3  # exactly the lanes read, no slack
+    want = io.copy()
+    want[1:] *= 2
+    interp.run(module, {"io": io})
+    np.testing.assert_array_equal(io, want)
+
+
+@needs_native
+@pytest.mark.parametrize(("dtype", "lanes"), WIDTHS)
+def test_read_back_nodes_compiled_against_guard_pages(tmp_path, dtype, lanes):
+    """Every count, gcc and the LLVM JIT: io ends at a guard page one element after the
+    last lane, or starts at one before the first, with sentinels around the lanes."""
+    fns = []
+    for count in range(1, lanes):
+        module = _update_module(dtype, lanes, count)
+        fns += [(count, "c", _c_function(tmp_path, module)),
+                (count, "llvm", _llvm_function(module))]
+
+    def body() -> None:
+        for count, backend, fn in fns:
+            xv = np.arange(1, count + 2, dtype=NP[dtype]) / 3
+            for side in ("after", "before"):
+                io = guarded_array((1, count + 1), NP[dtype], side=side, fill=xv[None, :])
+                assert fn(io.ctypes.data) == 0
+                want = xv.copy()
+                want[1:] *= 2
+                where = f"{backend} {dtype} {lanes} lanes count {count} {side}"
+                np.testing.assert_array_equal(io[0], want, err_msg=where)
 
     run_isolated(body)
 

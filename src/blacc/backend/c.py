@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 from ..errors import ScheduleError
 from ..ir import kernel as k
-from ..ir.walk import loaded_buffers, names_used, rewrite, simplify
+from ..ir.walk import names_used, read_back_buffers, rewrite, simplify
 from ..target.isa import GENERIC, Isa
 
 _SCALAR = {"f32": "float", "f64": "double", "i64": "int64_t", "i32": "int32_t", "bool": "int"}
@@ -68,7 +68,8 @@ class _Renderer:
             addr = self.addr(e.buf, e.index)
             if e.count is None:
                 return self.isa.op("load", e.dtype, e.lanes).format(addr=addr)
-            if self.isa.plain_moves("load", e.dtype, e.lanes, k.const_value(e.count)):
+            if self.isa.plain_moves("load", e.dtype, e.lanes, k.const_value(e.count),
+                                    read_back=e.buf in self.read_back):
                 return self.load_first(e)
             mask = self.mask(e.dtype, e.count, e.lanes)
             return self.isa.op("mask_load", e.dtype, e.lanes).format(addr=addr, mask=mask)
@@ -108,11 +109,18 @@ class _Renderer:
     # A leftover vector of a known count moves as plain loads and stores of its first
     # lanes where they beat masked ones (``Isa.plain_moves``); a full vector as its halves.
     def load_first(self, e: k.Load) -> str:
-        """One narrower load (``Isa.plain_moves``), zero-extended to the full width."""
+        """Plain loads of the first lanes (``Isa.plain_moves``): the low half zero-extended
+        to the full width, or joined with the rest in the high half."""
         count, half = int(e.count.value), e.lanes // 2
         if e.lanes == self.isa.widths(e.dtype)[-2]:  # the narrowest vector
             return self.isa.op(f"load_first{count}", e.dtype, e.lanes).format(
                 addr=self.addr(e.buf, e.index))
+        if count > half:
+            lo = k.Load(e.buf, e.index, e.dtype, half)
+            hi = k.Load(e.buf, simplify(e.index + half), e.dtype, half,
+                        k.Const(count - half))
+            return self.isa.op("join", e.dtype, e.lanes).format(lo=self.expr(lo),
+                                                                 hi=self.expr(hi))
         lo = k.Load(e.buf, e.index, e.dtype, half, None if count == half else e.count)
         return self.isa.op("zext", e.dtype, e.lanes).format(x=self.expr(lo))
 
@@ -238,7 +246,7 @@ class _Renderer:
         # Scratch pointers start NULL so that the failure path may free them all.
         # An entry keeps its ABI even where a parameter was fixed at compile time.
         used = names_used(f.body)
-        self.read_back = loaded_buffers(f.body)
+        self.read_back = read_back_buffers(f.body)
         lines = [self.signature(f) + " {",
                  *[f"    (void){p.name};" for p in f.params if p.name not in used],
                  *[f"    {_SCALAR[s.dtype]} *restrict {s.buf} = NULL;" for s in allocs],

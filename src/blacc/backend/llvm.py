@@ -32,7 +32,7 @@ from llvmlite.binding import llvm_version_info
 
 from ..errors import ScheduleError
 from ..ir import kernel as k
-from ..ir.walk import loaded_buffers, rewrite
+from ..ir.walk import read_back_buffers, rewrite
 from ..target.isa import Isa
 
 _SCALAR = {"f32": "float", "f64": "double", "i64": "i64", "i32": "i32", "bool": "i1",
@@ -157,7 +157,7 @@ class _FunctionWriter:
         self.buffers: dict[str, tuple[str, str, bool]] = {}  # name -> (pointer, dtype, in slot)
         self.block = "entry.0"
         self.oom = False
-        self.read_back = loaded_buffers(func.body)  # stored with plain moves (plain_moves)
+        self.read_back = read_back_buffers(func.body)  # stored with plain moves (plain_moves)
 
     # ------------------------------------------------------------------ emission helpers
     def fresh(self, hint: str) -> str:
@@ -413,7 +413,8 @@ class _FunctionWriter:
             return self.select(k.Select(k.Bin("<", k.Const(0), e.count), plain,
                                         k.Const(0, e.dtype)))
         count = k.const_value(e.count)
-        if self.m.isa.plain_moves("load", e.dtype, e.lanes, count):
+        if self.m.isa.plain_moves("load", e.dtype, e.lanes, count,
+                                  read_back=e.buf in self.read_back):
             # the first lanes with a plain load (LLVM picks the moves), zeros in the others
             ptr = self.address(e.buf, e.index)
             if count == 1:

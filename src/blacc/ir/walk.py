@@ -6,7 +6,7 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from .kernel import Expr, Load, Var
+from .kernel import Expr, Load, Store, Var
 
 T = TypeVar("T")
 
@@ -93,3 +93,9 @@ def names_used(node: Any) -> set[str]:
 def loaded_buffers(node: Any) -> frozenset[str]:
     """The buffers ``node`` (a kernel, a statement) loads from."""
     return frozenset(e.buf for e in nodes_of(node, Load))
+
+
+def read_back_buffers(node: Any) -> frozenset[str]:
+    """The buffers ``node`` both stores into and loads from: operands it updates,
+    temporaries."""
+    return loaded_buffers(node) & frozenset(s.buf for s in nodes_of(node, Store))

@@ -21,7 +21,7 @@ from ..errors import ScheduleError
 from ..ir import indexed as ix
 from ..ir import kernel as k
 from ..ir.dtypes import itemsize
-from ..ir.walk import loaded_buffers, names_used, nodes_of, simplify, substitute
+from ..ir.walk import loaded_buffers, names_used, nodes_of, read_back_buffers, simplify, substitute
 from ..runtime.signature import ArgSpec
 from ..target.isa import Isa
 from ..target.machine import Machine
@@ -125,15 +125,17 @@ def _uses(e: k.Expr, name: str) -> bool:
 
 def _expr_issue(e: k.Expr, acc: _Issue, isa: Isa, loop: str | None = None,
                 joined: set[k.Expr] | None = None, datapath: int = 0,
-                single: frozenset[k.Expr] | None = None) -> None:
+                single: frozenset[k.Expr] | None = None,
+                read: frozenset[str] = frozenset()) -> None:
     """Add the instructions of ``e`` to ``acc``. Inside a loop over ``loop``, a load whose
     address does not depend on it is hoisted out of the loop by the C compiler (B of
     ``C(n x 4) = A*B(4x4)`` stays in registers across the rows): it costs nothing there.
     ``datapath``: bits a core's vector units take at once (0: any vector); an instruction
     on a wider vector issues once per piece (``_pieces``). ``single``: the broadcasts
-    from memory that occur once in the kernel (``_single_broadcasts``)."""
+    from memory that occur once in the kernel (``_single_broadcasts``). ``read``: the
+    buffers the kernel reads back (``Isa.plain_moves``)."""
     own = _Issue()
-    _node_issue(e, own, acc, isa, loop, joined, datapath, single)
+    _node_issue(e, own, acc, isa, loop, joined, datapath, single, read)
     pieces = 1 if _from_memory(e) else _pieces(e.lanes, e.dtype, datapath)
     acc += own if pieces == 1 else own.split(pieces)
 
@@ -174,7 +176,7 @@ def _pieces(lanes: int, dtype: str, datapath: int) -> int:
 
 def _node_issue(e: k.Expr, own: _Issue, acc: _Issue, isa: Isa, loop: str | None,
                 joined: set[k.Expr] | None, datapath: int,
-                single: frozenset[k.Expr] | None) -> None:
+                single: frozenset[k.Expr] | None, read: frozenset[str]) -> None:
     """``_expr_issue``: the instructions of ``e`` itself into ``own``, those of its operands
     into ``acc``."""
     if isinstance(e, k.Load):
@@ -182,8 +184,10 @@ def _node_issue(e: k.Expr, own: _Issue, acc: _Issue, isa: Isa, loop: str | None,
             return
         if e.count is None:
             own.loads += 1.0
-        elif isa.plain_moves("load", e.dtype, e.lanes, k.const_value(e.count)):
-            own.loads += 1.0  # one narrower load
+        elif pieces := isa.plain_moves("load", e.dtype, e.lanes, k.const_value(e.count),
+                                       read_back=e.buf in read):
+            own.loads += len(pieces)  # one narrower load, or pieces joined
+            own.shuffles += len(pieces) - 1
         else:
             own.loads += 1.0 if isa.mask_registers else MASKED_LOAD
     elif isinstance(e, k.Broadcast):
@@ -203,7 +207,7 @@ def _node_issue(e: k.Expr, own: _Issue, acc: _Issue, isa: Isa, loop: str | None,
             # C = alpha*(A0 + A1)'*B + beta*C, 4 x 4 x 12 f32, was modelled slower than
             # its temporary form, which ran 1.45x as long on Zen 5.
             own.shuffles += 1.0
-            _expr_issue(e.value, acc, isa, loop, joined, datapath, single)
+            _expr_issue(e.value, acc, isa, loop, joined, datapath, single, read)
     elif isinstance(e, (k.Fma, k.Bin)):
         if joined is not None and _recomputed(e):
             if e in joined:  # computed once by the C compiler, and kept
@@ -218,26 +222,26 @@ def _node_issue(e: k.Expr, own: _Issue, acc: _Issue, isa: Isa, loop: str | None,
                 # the load of an EVEX operand {1toN}: no broadcast of its own
                 own.loads += 1.0
             else:
-                _expr_issue(part, acc, isa, loop, joined, datapath, single)
+                _expr_issue(part, acc, isa, loop, joined, datapath, single, read)
     elif isinstance(e, k.Halves):
         lo = e.lo
         if lo == e.hi and isinstance(lo, k.Load) and lo.count is None:
             # one load duplicated into both halves (vbroadcastf128): a load, no FP slot
-            _expr_issue(lo, acc, isa, loop, joined, datapath, single)
+            _expr_issue(lo, acc, isa, loop, joined, datapath, single, read)
             return
         if (quarter := k.quartered_load(e)) is not None:  # the same in four quarters
-            _expr_issue(quarter, acc, isa, loop, joined, datapath, single)
+            _expr_issue(quarter, acc, isa, loop, joined, datapath, single, read)
             return
         # joining two halves takes a shuffle (vinsertf128, its load folded)
         own.shuffles += 1.0
-        _expr_issue(lo, acc, isa, loop, joined, datapath, single)
-        _expr_issue(e.hi, acc, isa, loop, joined, datapath, single)
+        _expr_issue(lo, acc, isa, loop, joined, datapath, single, read)
+        _expr_issue(e.hi, acc, isa, loop, joined, datapath, single, read)
     elif isinstance(e, k.BuildVector):
         # scalar loads joined by inserts (vmovhpd, vinsertps, vinsertf128 with their
         # loads folded): a shuffle per element after the first, zeros free
         own.shuffles += max(0, sum(not isinstance(x, k.Const) for x in e.xs) - 1)
         for x in e.xs:
-            _expr_issue(x, acc, isa, loop, joined, datapath, single)
+            _expr_issue(x, acc, isa, loop, joined, datapath, single, read)
     elif isinstance(e, k.HalfSplat):
         # a shuffle with an immediate (vpermilps), its load folded; two rows joined from
         # two loads are joined once for all the lanes splatted from them (the C compiler
@@ -247,7 +251,7 @@ def _node_issue(e: k.Expr, own: _Issue, acc: _Issue, isa: Isa, loop: str | None,
             if e.x in joined:
                 return
             joined.add(e.x)
-        _expr_issue(e.x, acc, isa, loop, joined, datapath, single)
+        _expr_issue(e.x, acc, isa, loop, joined, datapath, single, read)
     elif isinstance(e, k.Half):
         if e.which:  # the high half needs vextractf128; the low one is free
             own.shuffles += 1.0
@@ -255,11 +259,11 @@ def _node_issue(e: k.Expr, own: _Issue, acc: _Issue, isa: Isa, loop: str | None,
             if e.x in joined:   # it once: the C compiler merges the repeated expression
                 return
             joined.add(e.x)
-        _expr_issue(e.x, acc, isa, loop, joined, datapath, single)
+        _expr_issue(e.x, acc, isa, loop, joined, datapath, single, read)
     elif isinstance(e, (k.Zip, k.Unzip)):
         own.shuffles += _zip_shuffles(e, isa)
-        _expr_issue(e.a, acc, isa, loop, joined, datapath, single)
-        _expr_issue(e.b, acc, isa, loop, joined, datapath, single)
+        _expr_issue(e.a, acc, isa, loop, joined, datapath, single, read)
+        _expr_issue(e.b, acc, isa, loop, joined, datapath, single, read)
     elif isinstance(e, k.SumLanes):
         # n vectors transposed and added: n - 1 adds and two shuffles per add; rows held
         # two or four per vector end in one permute more
@@ -267,11 +271,11 @@ def _node_issue(e: k.Expr, own: _Issue, acc: _Issue, isa: Isa, loop: str | None,
         own.fp += n - 1
         own.shuffles += 2 * (n - 1) + (e.rows_per_vector > 1)
         for x in e.xs:
-            _expr_issue(x, acc, isa, loop, joined, datapath, single)
+            _expr_issue(x, acc, isa, loop, joined, datapath, single, read)
     elif isinstance(e, k.Reduce):
         # a shuffle and an add per halving; the shuffles mostly go to other pipes
         own.fp += max(1, e.x.lanes.bit_length() - 1)
-        _expr_issue(e.x, acc, isa, loop, joined, datapath, single)
+        _expr_issue(e.x, acc, isa, loop, joined, datapath, single, read)
 
 
 def _recomputed(e: k.Expr) -> bool:
@@ -320,7 +324,7 @@ def _cycles(body: tuple[k.Stmt, ...], isa: Isa, loop: str | None = None,
     whichever is longer. A loop is a segment of its own, bound by issue or by the chain
     carried from one iteration to the next (an accumulator without partial sums).
     ``exposed``: the share of a chain's latency that counts (``model_cost``); ``datapath``
-    and ``single`` as for ``_expr_issue``; ``read``: the buffers the kernel loads from
+    and ``single`` as for ``_expr_issue``; ``read``: the buffers the kernel reads back
     (``Isa.plain_moves``' read_back)."""
     total = 0.0
     issue, segment = _Issue(), _Issue()
@@ -337,7 +341,7 @@ def _cycles(body: tuple[k.Stmt, ...], isa: Isa, loop: str | None = None,
         if isinstance(s, k.Barrier):  # what was loaded or computed before is not reused
             joined = set()
         elif isinstance(s, (k.Decl, k.Assign)):
-            _expr_issue(s.value, segment, isa, loop, joined, datapath, single)
+            _expr_issue(s.value, segment, isa, loop, joined, datapath, single, read)
             if isinstance(s, k.Decl):
                 local.add(s.var.name)
             else:
@@ -361,7 +365,7 @@ def _cycles(body: tuple[k.Stmt, ...], isa: Isa, loop: str | None = None,
                      * (_pieces(s.value.lanes, s.value.dtype, datapath) - 1))
             segment.stores += extra
             segment.pieces += extra
-            _expr_issue(s.value, segment, isa, loop, joined, datapath, single)
+            _expr_issue(s.value, segment, isa, loop, joined, datapath, single, read)
             tail = max(tail, _reduce_latency(s.value))
         elif isinstance(s, k.For):
             total += close()
@@ -394,7 +398,7 @@ def model_cost(module: k.Module, registers_needed: int, isa: Isa, datapath: int 
     body = module.function(module.entry).body
     scratch = frozenset(s.buf for s in body if isinstance(s, k.Local))
     single = _single_broadcasts(body) if embedded else None
-    read = loaded_buffers(body)
+    read = read_back_buffers(body)
     cycles, issued, _ = _cycles(body, isa, scratch=scratch, datapath=datapath, single=single,
                                 read=read)
     if issued.total < WINDOW:  # the next call starts before this one's chains end
@@ -525,11 +529,12 @@ def _bytes_stored(body: tuple[k.Stmt, ...], skip: frozenset[str]) -> int:
 
 
 def _masked_into_inout(body: tuple[k.Stmt, ...], isa: Isa) -> bool:
-    """Whether the kernel stores the first lanes of a vector (with a mask register, or as
-    plain pieces: ``Isa.plain_moves``) into an operand it also loads. Either way the next
-    call's load of the whole vector is not forwarded: from a masked store never, from
+    """Whether the kernel stores the first lanes of a vector with mask registers (with a
+    mask, or as plain pieces: ``Isa.plain_moves``) into an operand it also loads. The
+    next call's masked load of it is not forwarded: from a masked store never, from
     pieces not from several stores at once (y = alpha*A*x + beta*y, A 12 x 4 f32: 12 of
-    16 lanes stored as 8 + 4 and loaded masked, 6.15 ns a call; as two vectors, 3.22)."""
+    16 lanes stored as 8 + 4 and loaded masked, 6.15 ns a call; as two vectors, 3.22;
+    loaded as 8 + 4 joined, 5.10)."""
     if not isa.mask_registers:
         return False
     local = {s.buf for s in body if isinstance(s, k.Local)}

@@ -108,23 +108,46 @@ class Isa:
         'store'): always for stores (an AVX2 masked store is microcoded on AMD cores,
         about 12 cycles), for loads only as one move (a masked load is one fast
         instruction; joining pieces costs shuffles: 3 of 4 f32 measured 20% slower).
-        With mask registers (AVX-512) a masked store is one fast instruction too, but a
-        load of what it wrote is not forwarded and waits for it to reach the cache: stores
-        into a buffer the kernel also reads (``read_back``: an operand it updates, a
-        temporary) are plain pieces, loads stay masked. C = alpha*(A0 + A1)'*B + beta*C,
-        7 x 7 x 7 f64 on Zen 5, with rows of C as masked vectors: 48.1 ns a call with
-        masked stores, 15.5 with 4 + 2 + 1 stores (AVX2's plan, three vectors a row, 30.9).
-        None for a count not known when the code is generated (``count`` None)."""
-        if count is None or (self.mask_registers and (kind == "load" or not read_back)):
+        A buffer the kernel both stores into and loads from (``read_back``: an operand it
+        updates, a temporary) is also loaded in pieces without mask registers, as it was
+        stored, so that each load is forwarded from one store: C = alpha*(A0 + A1)'*B +
+        beta*C, 3 x 3 x 3 f32 with AVX2 on Zen 5, 6.2 ns a call with masked loads of C,
+        4.7 with 2 + 1. With mask registers (AVX-512) a masked store is one fast
+        instruction too, but a load of what it wrote is not forwarded and waits for it to
+        reach the cache: such a buffer is stored in plain pieces, and loaded masked. 7 x 7
+        x 7 f64 with rows of C as masked vectors: 48.1 ns with masked stores, 15.5 with
+        4 + 2 + 1 (AVX2's plan, three vectors a row, 30.9); loaded in pieces joined, 0.94x
+        as fast. None for a count not known when the code is generated (``count`` None)."""
+        if count is None:
             return None
         pieces = self.partial_pieces(dtype, lanes, count)
-        if pieces is None or kind == "store":
-            return pieces
+        if pieces is None:
+            return None
+        if kind == "store":
+            return pieces if read_back or not self.mask_registers else None
+        if self.mask_registers:
+            return None
+        if read_back and self._loads_first(dtype, lanes, count):
+            return pieces  # as they were stored, so that each load is forwarded
         vectors = self.widths(dtype)[:-1]
         one = len(pieces) == 1 and (pieces[0] in vectors
                                     or (f"load_first{count}", f"{dtype}x{vectors[-1]}")
                                     in self.ops)
         return pieces if one else None
+
+    def _loads_first(self, dtype: str, lanes: int, count: int) -> bool:
+        """Whether the first ``count`` of ``lanes`` lanes load as plain pieces: the
+        narrowest vector's by a ``load_first`` template, a wider one's as its low half
+        zero-extended, or joined with the rest in its high half."""
+        widths = self.widths(dtype)[:-1]
+        if lanes == widths[-1]:
+            return self.has_op(f"load_first{count}", dtype, lanes)
+        half = lanes // 2
+        if count <= half:
+            return self.has_op("zext", dtype, lanes) and (
+                count == half or self._loads_first(dtype, half, count))
+        return self.has_op("join", dtype, lanes) and self._loads_first(dtype, half,
+                                                                        count - half)
 
     def _key(self, dtype: str, lanes: int | None) -> str:
         return dtype if lanes is None or lanes == self.lanes(dtype) else f"{dtype}x{lanes}"
@@ -246,10 +269,14 @@ def _avx2_ops() -> dict[tuple[str, str], str]:
         ("store_first2", "f32x4"): "_mm_storeu_si64({addr}, _mm_castps_si128({x}))",
         ("store_first3", "f32x4"): ("(_mm_storeu_si64({addr}, _mm_castps_si128({x})), "
                                     "_mm_store_ss(({addr}) + 2, _mm_movehl_ps({x}, {x})))"),
+        ("load_first3", "f32x4"): ("_mm_movelh_ps(_mm_castsi128_ps(_mm_loadu_si64({addr})), "
+                                   "_mm_load_ss(({addr}) + 2))"),
         ("load_first1", "f64x2"): "_mm_load_sd({addr})",
         ("store_first1", "f64x2"): "_mm_store_sd({addr}, {x})",
         ("zext", "f32"): "_mm256_zextps128_ps256({x})",
         ("zext", "f64"): "_mm256_zextpd128_pd256({x})",
+        ("join", "f32"): "_mm256_set_m128({hi}, {lo})",
+        ("join", "f64"): "_mm256_set_m128d({hi}, {lo})",
     })
     return ops
 
@@ -402,7 +429,7 @@ def _avx512_ops() -> dict[tuple[str, str], str]:
         ("half_lo", "f64x4"): "_mm256_castpd256_pd128({x})",
         ("half_hi", "f64x4"): "_mm256_extractf128_pd({x}, 1)",
     })
-    # plain stores of a leftover's first lanes into a buffer read back (``plain_moves``):
+    # plain moves of a leftover's first lanes in a buffer read back (``plain_moves``):
     # the halves, then AVX2's moves of the first lanes of 128 bits
     ops.update({key: op for key, op in _avx2_ops().items()
                 if key[1] in ("f32x4", "f64x2") and key[0].startswith(("store_first",
