@@ -110,16 +110,23 @@ def test_partial_node_renders_plain_moves(dtype, lanes, count):
     assert ("llvm.masked.load" in ir) == masked_load, ir
 
 
+def _every_count_compiled(tmp_path, make, dtype: str, lanes: int) -> list:
+    """(count, backend, function) of ``make(dtype, lanes, count)`` for every count, by gcc
+    and the LLVM JIT."""
+    fns = []
+    for count in range(1, lanes):
+        module = make(dtype, lanes, count)
+        fns += [(count, "c", _c_function(tmp_path, module)),
+                (count, "llvm", _llvm_function(module))]
+    return fns
+
+
 @needs_native
 @pytest.mark.parametrize(("dtype", "lanes"), WIDTHS)
 def test_partial_nodes_compiled_against_guard_pages(tmp_path, dtype, lanes):
     """Every count, gcc and the LLVM JIT: x ends at a guard page one element after the
     last lane read, and out is surrounded by sentinels and guard pages."""
-    fns = []
-    for count in range(1, lanes):
-        module = _node_module(dtype, lanes, count)
-        fns += [(count, "c", _c_function(tmp_path, module)),
-                (count, "llvm", _llvm_function(module))]
+    fns = _every_count_compiled(tmp_path, _node_module, dtype, lanes)
 
     def body() -> None:
         for count, backend, fn in fns:
@@ -169,11 +176,7 @@ def test_a_buffer_read_back_loads_as_it_was_stored(dtype, lanes, count):
 def test_read_back_nodes_compiled_against_guard_pages(tmp_path, dtype, lanes):
     """Every count, gcc and the LLVM JIT: io ends at a guard page one element after the
     last lane, or starts at one before the first, with sentinels around the lanes."""
-    fns = []
-    for count in range(1, lanes):
-        module = _update_module(dtype, lanes, count)
-        fns += [(count, "c", _c_function(tmp_path, module)),
-                (count, "llvm", _llvm_function(module))]
+    fns = _every_count_compiled(tmp_path, _update_module, dtype, lanes)
 
     def body() -> None:
         for count, backend, fn in fns:

@@ -429,11 +429,11 @@ def _avx512_ops() -> dict[tuple[str, str], str]:
         ("half_lo", "f64x4"): "_mm256_castpd256_pd128({x})",
         ("half_hi", "f64x4"): "_mm256_extractf128_pd({x}, 1)",
     })
-    # plain moves of a leftover's first lanes in a buffer read back (``plain_moves``):
-    # the halves, then AVX2's moves of the first lanes of 128 bits
+    # plain stores of a leftover's first lanes into a buffer read back (``plain_moves``):
+    # the halves, then AVX2's stores of the first lanes of 128 bits; the zero-extensions
+    # are what ``partial_pieces`` asks of a width split in halves
     ops.update({key: op for key, op in _avx2_ops().items()
-                if key[1] in ("f32x4", "f64x2") and key[0].startswith(("store_first",
-                                                                       "load_first"))})
+                if key[1] in ("f32x4", "f64x2") and key[0].startswith("store_first")})
     ops.update({
         ("zext", "f32"): "_mm512_zextps256_ps512({x})",
         ("zext", "f64"): "_mm512_zextpd256_pd512({x})",
