@@ -360,7 +360,8 @@ def _avx512_ops() -> dict[tuple[str, str], str]:
     f32 as 8 + 4, each moved whole: a masked store into an operand the next call loads
     makes that load wait, ``READ_BACK_CYCLES``). Partial vectors are masked moves with a
     mask register (``__mmask16``/``__mmask8``): one fast instruction that suppresses
-    faults on the lanes it leaves, so no ``load_first`` pieces."""
+    faults on the lanes it leaves, so no ``load_first`` pieces; stores into a buffer the
+    kernel reads back are plain pieces (``Isa.plain_moves``)."""
     ops = {}
     # Lane i is on when i < count; a count <= 0 (a vector past the edge of C) clears all
     # lanes and one >= lanes sets all, as the AVX2 compare does.
