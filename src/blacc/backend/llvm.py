@@ -157,7 +157,7 @@ class _FunctionWriter:
         self.buffers: dict[str, tuple[str, str, bool]] = {}  # name -> (pointer, dtype, in slot)
         self.block = "entry.0"
         self.oom = False
-        self.read_back = read_back_buffers(func.body)  # stored with plain moves (plain_moves)
+        self.read_back = read_back_buffers(func.body)  # moved in plain pieces (plain_moves)
 
     # ------------------------------------------------------------------ emission helpers
     def fresh(self, hint: str) -> str:

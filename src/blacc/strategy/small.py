@@ -470,7 +470,7 @@ def _crossing_stores(body: tuple[k.Stmt, ...], scratch: frozenset[str]) -> int:
     Store indices are affine in the loop counters."""
     if _bytes_stored(body, scratch) <= L1_BYTES:  # no output that big: skip the walk
         return 0
-    loaded = {e.buf for e in nodes_of(body, k.Load)}
+    loaded = loaded_buffers(body)
     sizes: dict[str, int] = {}
     crossing = 0
 

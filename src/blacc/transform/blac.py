@@ -1332,8 +1332,8 @@ def _one_tail_differs(program: ix.Program, op: ix.Op, isa: Isa, extent: int) -> 
     tail = chunks(extent, widths, True)
     if tail == chunks(extent, widths):
         return False
-    last = tail[-1]
-    return (not _read_anywhere(program, op.out) or not last.masked
+    last = tail[-1]  # masked: a tail of an exact width would be the exact pieces' too
+    return (not _read_anywhere(program, op.out)
             or isa.plain_moves("store", program.dtype, last.width, last.count,
                                read_back=True) is not None)
 
