@@ -141,7 +141,10 @@ def test_offered_only_for_outputs_a_quarter_or_half_wide():
 
 
 COMPILED_CASES = [("matmul", 32, "f32"), ("gemm", 13, "f32"), ("gemm_ld", 17, "f64"),
-                  ("matmul", 100, "f64"), ("chain", 12, "f32"), ("matvec", 13, "f64")]
+                  ("matmul", 100, "f64"), ("chain", 12, "f32"), ("matvec", 13, "f64"),
+                  # A's elements of the rows side by side: spread (``k.Spread``)
+                  ("sum_t_gemm", 13, "f32"), ("sum_t_gemm", 9, "f64"), ("col_a", 11, "f32"),
+                  ("col_a", 6, "f64")]
 
 
 @pytest.mark.skipif(CC is None, reason="needs a C compiler")

@@ -277,6 +277,7 @@ COMPILED_CASES = [
     ("col_a", 5, 4, "f32"), ("chain", 7, 4, "f64"), ("matmul", 37, 4, "f32"),
     ("gemm", 23, 17, "f64"), ("matvec", 19, 0, "f32"), ("matvec", 9, 0, "f64"),
     ("gesummv_ld", 13, 0, "f32"), ("gesummv_ld", 6, 0, "f64"),
+    ("sum_t_gemm", 7, 3, "f64"), ("col_a", 6, 5, "f64"),
 ]
 
 

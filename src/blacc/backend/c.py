@@ -99,6 +99,10 @@ class _Renderer:
             return self.isa.op("build", e.dtype, e.lanes).format(xs=xs)
         if isinstance(e, (k.Halves, k.HalfSplat, k.Half)):
             return self.halves(e)
+        if isinstance(e, k.Spread):  # a load into every lane of each part, one shuffle
+            self.type(e.dtype, e.lanes)
+            return self.isa.op(f"spread{e.parts}", e.dtype, e.lanes).format(
+                addr=self.addr(e.x.buf, e.x.index))
         if isinstance(e, (k.Zip, k.Unzip)):
             name = (("zip_lo", "zip_hi")[e.half] if isinstance(e, k.Zip)
                     else ("unzip_even", "unzip_odd")[e.odd])

@@ -261,6 +261,10 @@ class _FunctionWriter:
             return vec
         if isinstance(e, (k.Halves, k.HalfSplat, k.Half)):
             return self.halves(e)
+        if isinstance(e, k.Spread):
+            part = e.lanes // e.parts
+            return self.shuffle(self.expr(e.x), None,
+                                [q for q in range(e.parts) for _ in range(part)])
         if isinstance(e, (k.Zip, k.Unzip)):
             mask = (k.zip_lanes(e.lanes, e.half) if isinstance(e, k.Zip)
                     else k.unzip_lanes(e.lanes, e.odd))
@@ -638,22 +642,29 @@ def _check_vectors(module: k.Module, isa: Isa) -> bool:
     """Only the ISA's vector widths may appear, as in the C backend: LLVM would accept
     any width, but a program that the C backend rejects must not pass here. The one
     exception is matrix values: a function with matrix nodes may hold vectors as wide as
-    its matrices. Returns whether the module has matrix nodes."""
+    its matrices. The other is the load that a ``Spread`` spreads, which the C backend
+    reads inside the spread's own template. Returns whether the module has matrix
+    nodes."""
     found = False
     for f in module.functions:
         shapes: set[tuple[str, int]] = set()
+        spread: set[k.Load] = set()
 
-        def collect(x: object, shapes: set[tuple[str, int]] = shapes) -> object:
+        def collect(x: object, shapes: set[tuple[str, int]] = shapes,
+                    spread: set[k.Load] = spread) -> object:
             if isinstance(x, k.MatrixStore):
                 shapes.add((x.value.dtype, x.rows * x.cols))
             elif isinstance(x, _MATRIX_NODES):
                 shapes.add((x.dtype, x.lanes))
+            elif isinstance(x, k.Spread):
+                spread.add(x.x)
             return x
 
-        def visit(x: object, shapes: set[tuple[str, int]] = shapes) -> object:
+        def visit(x: object, shapes: set[tuple[str, int]] = shapes,
+                  spread: set[k.Load] = spread) -> object:
             if isinstance(x, k.Expr) and x.lanes > 1 and x.dtype != "bool" \
                     and isa.vector_type(x.dtype, x.lanes) is None \
-                    and (x.dtype, x.lanes) not in shapes:
+                    and (x.dtype, x.lanes) not in shapes and x not in spread:
                 raise ScheduleError(f"target {isa.name} has no {x.lanes}-lane {x.dtype} vector")
             return x
 

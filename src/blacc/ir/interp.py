@@ -82,6 +82,8 @@ def evaluate(e: k.Expr, env: _Env) -> Any:
     if isinstance(e, k.HalfSplat):
         x = evaluate(e.x, env).reshape(e.parts, -1)
         return np.repeat(x[:, e.lane], x.shape[1])
+    if isinstance(e, k.Spread):
+        return np.repeat(evaluate(e.x, env), e.lanes // e.parts)
     if isinstance(e, k.Half):
         x = evaluate(e.x, env)
         h = e.lanes

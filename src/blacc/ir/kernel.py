@@ -242,6 +242,36 @@ class HalfSplat(Expr):
 
 
 @dataclass(frozen=True, eq=True)
+class Spread(Expr):
+    """The elements of ``x``, a whole load of two or four, each copied into every lane of
+    its own part of a ``lanes``-lane vector: element q fills part q. Where A[i, k] and
+    the rows after it lie side by side in memory (a transposed A), one load and one
+    shuffle give the splats of a k for two or four rows of C held in one register
+    (``OpSchedule.pairs``, ``OpSchedule.quads``).
+
+        Spread(load2(A[4*k]), 8)  ->  [A[4k] x 4, A[4k+1] x 4]
+    """
+
+    x: Load
+    lanes: int
+
+    def __post_init__(self) -> None:
+        parts = self.x.lanes
+        if (not isinstance(self.x, Load) or self.x.count is not None or parts not in (2, 4)
+                or self.lanes <= parts or self.lanes % parts):
+            raise ValueError(f"Spread takes a whole load of 2 or 4 elements into a multiple "
+                             f"of them, got {self.x!r} into {self.lanes} lanes")
+
+    @property
+    def dtype(self) -> str:  # type: ignore[override]
+        return self.x.dtype
+
+    @property
+    def parts(self) -> int:
+        return self.x.lanes
+
+
+@dataclass(frozen=True, eq=True)
 class Half(Expr):
     """The low (``which`` 0) or high (1) half of ``x``: to store two rows held in one
     register where they are not contiguous in memory."""

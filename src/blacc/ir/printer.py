@@ -43,6 +43,8 @@ def expr(e: k.Expr) -> str:
     if isinstance(e, k.HalfSplat):
         name = "halfsplat" if e.parts == 2 else "quartersplat"
         return f"{name}({expr(e.x)}, {e.lane})"
+    if isinstance(e, k.Spread):
+        return f"spread{e.lanes}({expr(e.x)})"
     if isinstance(e, k.Half):
         return f"half({expr(e.x)}, {e.which})"
     if isinstance(e, k.Zip):

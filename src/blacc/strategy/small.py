@@ -252,6 +252,11 @@ def _node_issue(e: k.Expr, own: _Issue, acc: _Issue, isa: Isa, loop: str | None,
                 return
             joined.add(e.x)
         _expr_issue(e.x, acc, isa, loop, joined, datapath, single, read)
+    elif isinstance(e, k.Spread):
+        # a load into every 128-bit lane (vbroadcastf32x4: a load alone) and an in-lane
+        # shuffle (vpermilps)
+        own.shuffles += 1.0
+        _expr_issue(e.x, acc, isa, loop, joined, datapath, single, read)
     elif isinstance(e, k.Half):
         if e.which:  # the high half needs vextractf128; the low one is free
             own.shuffles += 1.0
@@ -414,15 +419,17 @@ def model_cost(module: k.Module, registers_needed: int, isa: Isa, datapath: int 
         cycles *= 1.0 + 0.25 * (registers_needed - isa.registers)
     if _masked_into_inout(body, isa):
         cycles = max(cycles, READ_BACK_CYCLES)
-    if any(_from_memory(b) and b.value.buf in scratch for b in nodes_of(body, k.Broadcast)):
+    if (any(_from_memory(b) and b.value.buf in scratch for b in nodes_of(body, k.Broadcast))
+            or any(s.x.buf in scratch for s in nodes_of(body, k.Spread))):
         cycles += SCRATCH_ROUND_TRIP
     crossing = CROSSING_STORE_CYCLES if crossing is None else crossing
     return cycles + (_crossing_stores(body, scratch) * crossing if crossing else 0.0)
 
 
 #: A temporary (``k.Local``) stored in vectors and read back an element at a time
-#: (broadcasts) within the call: each read waits for its part of a wider store to be
-#: forwarded, a latency that overlapping calls do not hide. C = alpha*(A0 + A1)'*B +
+#: (broadcasts), or a few elements at a time (``k.Spread``), within the call: each read
+#: waits for its part of a wider store to be forwarded, a latency that overlapping calls
+#: do not hide. C = alpha*(A0 + A1)'*B +
 #: beta*C, 4 x 4 x 4 f32 on Zen 5: the form with the sum in a temporary, modelled 11
 #: cycles, ran 5.97 ns (26 cycles) on AVX2, the fused form, modelled 18, 4.05 ns (18
 #: cycles). Read back in whole vectors (y = alpha*A*x + beta*B*x), the temporary costs

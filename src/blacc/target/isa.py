@@ -201,6 +201,14 @@ def _avx2_ops() -> dict[tuple[str, str], str]:
         ops[(f"half_splat{lane}", "f32")] = f"_mm256_permute_ps({{x}}, {lane * 0x55})"
     for lane in range(2):
         ops[(f"half_splat{lane}", "f64")] = f"_mm256_permute_pd({{x}}, {lane * 0xF})"
+    # two elements side by side, one per half (``Spread``): both in every 128-bit lane
+    # from memory, then the first or the second into each lane of a half, in-lane
+    # (vbroadcastsd from memory: a load; from a register it is a lane-crossing shuffle)
+    ops[("spread2", "f32")] = (
+        "_mm256_permutevar_ps(_mm256_castpd_ps(_mm256_broadcast_sd((const double *)({addr}))), "
+        "_mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1))")
+    ops[("spread2", "f64")] = ("_mm256_permute_pd(_mm256_broadcast_pd((const __m128d *)"
+                               "({addr})), 12)")
     ops[("hsum", "f32")] = "blacc_hsum8_ps({x})"
     ops[("hsum", "f64")] = "blacc_hsum4_pd({x})"
     # 128-bit vectors for leftovers of 4 (f32) or 2 (f64) elements.
@@ -419,6 +427,11 @@ def _avx512_ops() -> dict[tuple[str, str], str]:
         **{(f"quarter_splat{lane}", "f32"): f"_mm512_permute_ps({{x}}, {lane * 0x55})"
            for lane in range(4)},
         ("sum_quarters", "f32"): "blacc_sum16x4_ps({x0}, {x1}, {x2}, {x3})",
+        # two or four elements side by side, one per half or quarter (``Spread``): in
+        # every 128-bit lane from memory, then each into its part, in-lane
+        ("spread2", "f64"): "_mm512_permute_pd(_mm512_broadcast_f64x2(_mm_loadu_pd({addr})), 0xF0)",
+        ("spread4", "f32"): ("_mm512_permutevar_ps(_mm512_broadcast_f32x4(_mm_loadu_ps({addr})), "
+                             "_mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3))"),
     })
     # 128-bit sums and shuffles as AVX2 has them, and the 256-bit halves they come from
     ops.update({key: op for key, op in _avx2_ops().items()
