@@ -337,7 +337,9 @@ class _Gen:
         (the same load serves the group's other elements), else broadcast from two
         scalar loads. Four rows (``nrows``, ``OpSchedule.quads``) are read as one load of
         contiguous rows: of a chunk, or of a quarter-vector group whose element is
-        splatted within the quarters."""
+        splatted within the quarters. Where the rows' elements lie side by side (a
+        transposed or column-major operand), two or four rows take one load of them,
+        spread over the parts (``k.Spread``)."""
         strides = (st.rs, st.cs)
 
         def at(row: int, other: k.Expr | None = None) -> k.Expr:
