@@ -159,8 +159,9 @@ def test_avx2_spreads_rows_of_a_long_transposed_sum():
 def test_no_spread_from_a_temporary_in_wider_vectors():
     """C = alpha*(A0 + A1)'*B + beta*C with A0 4 x 16 and C 16 x 4: the sum in a temporary
     stored in 512-bit vectors, then spread 128 bits at a time, ran 7.7 ns on Zen 5,
-    against 4.4 for the fused columns; a spread from a temporary pays its round trip
-    (``strategy.small.SCRATCH_ROUND_TRIP``) like a broadcast from one."""
+    against 4.4 for the fused columns (a measuring search's timings); a spread from a
+    temporary pays its round trip (``strategy.small.SCRATCH_ROUND_TRIP``) like a
+    broadcast from one."""
     p = plan(GEMAM, target="avx512", A0=M(4, 16, "f32"), A1=M(4, 16, "f32"),
              B=M(4, 4, "f32"), C=M(16, 4, "f32"), alpha=blacc.Scalar("f32"),
              beta=blacc.Scalar("f32"))

@@ -433,8 +433,9 @@ def model_cost(module: k.Module, registers_needed: int, isa: Isa, datapath: int 
 #: the sum in a temporary, modelled 11 cycles, ran 5.97 ns (26 cycles) on AVX2, the fused
 #: form, modelled 18, 4.05 ns (18 cycles); 16 x 4 x 4 f32 on AVX-512, the sum stored in
 #: 512-bit vectors and spread 128 bits at a time, 7.7 ns against 4.4 for the fused column
-#: tiles. Read back in whole vectors (y = alpha*A*x + beta*B*x), the temporary costs
-#: nothing measurable: charged there too, the fused forms taken instead ran 0.52-0.84x.
+#: tiles (a measuring search's timings). Read back in whole vectors (y = alpha*A*x +
+#: beta*B*x), the temporary costs nothing measurable: charged there too, the fused forms
+#: taken instead ran 0.52-0.84x.
 #: Charged in proportion to how little else a call issues (``WINDOW``), it changed the
 #: forms of longer kernels for the worse (micro gemam 6 x 6, 0.71x).
 SCRATCH_ROUND_TRIP = 12.0
