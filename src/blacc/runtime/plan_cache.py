@@ -86,7 +86,7 @@ def _decode(data: object) -> Choice | None:
     schedules = []
     for s in raw:
         if not isinstance(s, dict) or set(s) != {"vector", "block", "unroll", "split", "pairs",
-                                                 "one_tail", "quads", "tail_sums"}:
+                                                 "one_tail", "quads", "tail_sums", "folds"}:
             return None
         block = s["block"]
         if not (s["vector"] is None or isinstance(s["vector"], str)):
@@ -95,11 +95,11 @@ def _decode(data: object) -> Choice | None:
             return None
         if not (_is_int(s["unroll"]) and _is_int(s["split"])
                 and all(isinstance(s[f], bool)
-                        for f in ("pairs", "one_tail", "quads", "tail_sums"))):
+                        for f in ("pairs", "one_tail", "quads", "tail_sums", "folds"))):
             return None
         schedules.append(OpSchedule(s["vector"], (block[0], block[1]), s["unroll"],
                                     s["split"], s["pairs"], s["one_tail"], s["quads"],
-                                    s["tail_sums"]))
+                                    s["tail_sums"], s["folds"]))
     return form, tuple(schedules)
 
 

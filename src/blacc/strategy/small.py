@@ -253,8 +253,10 @@ def _node_issue(e: k.Expr, own: _Issue, acc: _Issue, isa: Isa, loop: str | None,
             joined.add(e.x)
         _expr_issue(e.x, acc, isa, loop, joined, datapath, single, read)
     elif isinstance(e, k.Spread):
-        # a load into every 128-bit lane (vbroadcastf32x4: a load alone) and an in-lane
-        # shuffle (vpermilps)
+        # a load and one shuffle (vpermps, vpermpd; on AVX2 vbroadcastsd from memory, a
+        # load alone, and an in-lane vpermilps). (Charged two shuffles, the model took
+        # rows held in pairs over folded sums and ran 0.90x as fast on the 30 LGen cases
+        # that changed: Zen 5, same-session A/B.)
         own.shuffles += 1.0
         _expr_issue(e.x, acc, isa, loop, joined, datapath, single, read)
     elif isinstance(e, k.Half):

@@ -47,6 +47,14 @@ sum over a quarter of a vector holds four rows per vector too (A n x 4
 f32 on AVX-512, four rows in one 512-bit load, x in every quarter), sixteen rows summed
 and stored at once and fewer, a multiple of four, in one masked store.
 
+Where the vector of each position is only a half or a quarter of a full one and a sum
+runs along another index (C(4 x 4) = A(4 x n)*B(n x 4), x'*A*y with A n x 4), its terms
+can instead go two or four at a time into the parts of full vectors
+(``OpSchedule.folds``): rows k..k+3 of B in one 512-bit load, A[i, k..k+3] spread over
+the quarters (``k.Spread``), and once the sum is done the parts folded together, half
+onto half. Each FMA then does four terms of a row, not one, and each chain of
+dependent FMAs is a quarter as long.
+
     y[i] = sum_k A[i,k] x[k]   (5x9 f64, vector k, block 4)
       ->  acc_0..3 = 0; for k in (0, 4, 8): acc_r = fma(load4(A[r*9+k], count), load4(x[k]), acc_r)
           y[r] = hsum(acc_r)
@@ -103,6 +111,14 @@ class OpSchedule:
     #: vectors once for a block of rows (``BuildVector``). C = A*B 9 x 9 x 9 f64 on Zen 5:
     #: the ninth column as 18 FMAs on 512-bit vectors instead of 81 scalar ones.
     tail_sums: bool = False
+    #: Where each position's vector is a half or a quarter of a full one (a row of 4 f32
+    #: of C(4 x 4) = A(4 x n)*B(n x 4) on AVX-512), the terms of a sum not on lanes two
+    #: or four at a time, one in each part of full vectors: rows k..k+3 of B in one
+    #: 512-bit load, A[i, k..k+3] spread over the quarters (``k.Spread``); the parts
+    #: added together once the sum is done, the terms past the last whole group on the
+    #: narrow vector. Full vectors instead of a half or a quarter of one, and a quarter
+    #: of the chain of dependent FMAs per accumulator.
+    folds: bool = False
 
     @property
     def rows_per_vector(self) -> int:
@@ -234,6 +250,8 @@ class _Gen:
         #: columns of operands read down their short rows (``read_column``), by operand,
         #: chunk and the list of statements that declares them
         self.columns: dict[tuple[str, _Chunk, int], tuple[list[k.Stmt], list[k.Expr]]] = {}
+        #: sums whose terms went into the parts of vectors (``OpSchedule.folds``)
+        self.folds = 0
 
     def fresh(self, hint: str, lanes: int) -> k.Var:
         self.n += 1
@@ -378,7 +396,9 @@ class _Gen:
                 # four rows of A one after another: one load, splatted within quarters
                 return k.HalfSplat(k.Load(st.buf, at(0, k.Const(first)), self.dt, 4 * part),
                                    int(e.value) - first, 4)
-            if first + part <= extent and nrows == 2:
+            if (first + part <= extent and nrows == 2
+                    and self.isa.has_op(f"half_splat{int(e.value) - first}", self.dt,
+                                        2 * part)):
                 return k.HalfSplat(two_rows(part, k.Const(first)), int(e.value) - first)
         if strides[axis] == 1 and self.isa.has_op(f"spread{nrows}", self.dt):
             # the rows' elements side by side (A' of a row-major A): one load of them,
@@ -444,22 +464,33 @@ class _Gen:
         if vectorized and not _zero_padded(node.body, node.index):
             raise ScheduleError(f"sum over {node.index!r} cannot run on lanes: a term does "
                                 "not vanish on masked lanes")
+        parts = 1 if vectorized else self.fold_parts(node, ctxs)
+        if parts > 1:  # groups of ``parts`` terms, then the terms left one at a time
+            whole = node.extent - node.extent % parts
+            pieces = [*(_Chunk(t, parts, parts) for t in range(0, whole, parts)),
+                      *(_Chunk(t, 1, 1) for t in range(whole, node.extent))]
         results: list[k.Expr] = [k.Const(0.0, self.dt)] * len(ctxs)
         # one accumulator set per vector width used (full vectors, then the leftover)
         by_width: dict[int, list[_Chunk]] = {}
         for c in pieces:
             by_width.setdefault(c.width, []).append(c)
         for width, group in by_width.items():
-            lanes = [len(ps) * width if vectorized else self.lanes_of(c) for c, ps in units]
+            folded = width if parts > 1 and width > 1 else 1
+            lanes = [len(ps) * width if vectorized else folded * self.lanes_of(c)
+                     for c, ps in units]
             sets = [[self.fresh("acc", n) for n in lanes]
                     for _ in range(max(1, min(self.s.split, len(group))))]
-            self.accumulate(node, [c for c, _ in units], group, sets, vectorized, out)
+            self.accumulate(node, [c for c, _ in units], group, sets, vectorized, out,
+                            folded)
             for u, (_, positions) in enumerate(units):
                 partial: list[k.Expr] = [accs[u] for accs in sets]
                 while len(partial) > 1:  # a pairwise sum of the partial chains
                     partial = [k.Bin("+", *partial[i:i + 2]) if i + 1 < len(partial)
                                else partial[i] for i in range(0, len(partial), 2)]
                 acc = partial[0]
+                while acc.lanes > lanes[u] // folded:  # the parts of folded terms added
+                    acc = self.named(acc, out)
+                    acc = k.Bin("+", k.Half(acc, 0), k.Half(acc, 1))
                 for h, p in enumerate(positions):
                     part = (k.Half(acc, h) if len(positions) == 2
                             else k.Half(k.Half(acc, h // 2), h % 2) if len(positions) == 4
@@ -467,6 +498,29 @@ class _Gen:
                     total = k.Reduce(part) if vectorized and width > 1 else part
                     results[p] = self.combine("+", results[p], total)
         return results
+
+    def fold_parts(self, node: ix.Sum, ctxs: list[dict]) -> int:
+        """How many terms of ``node`` (a sum not on lanes) go into the parts of each
+        accumulator (``OpSchedule.folds``): 2 or 4 where every position's vector is one
+        exact chunk a half or a quarter of a full vector wide and the sum has that many
+        terms; else 1."""
+        if not self.s.folds or not ctxs:
+            return 1
+        widths = set()
+        for c in ctxs:
+            pieces = [v for v in c.values() if isinstance(v, (_Chunk, _Pair))]
+            if len(pieces) != 1 or not isinstance(pieces[0], _Chunk) or pieces[0].masked:
+                return 1
+            widths.add(pieces[0].width)
+        lanes = self.isa.lanes(self.dt)
+        width = widths.pop()
+        parts = lanes // width if not widths and lanes % width == 0 else 1
+        if parts not in (2, 4) or node.extent < parts or not all(
+                self.isa.has_op(h, self.dt, n) for n in (lanes, lanes // 2)[:parts // 2]
+                for h in ("half_lo", "half_hi")):
+            return 1
+        self.folds += 1
+        return parts
 
     def paired(self, ctxs: list[dict]) -> list[tuple[dict, tuple[int, ...]]]:
         """``ctxs`` of a sum on lanes as (context, positions) units: two positions next to
@@ -586,32 +640,35 @@ class _Gen:
         return [(splat(x), splat(y)) for x, y in pairs]
 
     def accumulate(self, node: ix.Sum, ctxs: list[dict], group: list[_Chunk],
-                   sets: list[list[k.Var]], vectorized: bool, out: list[k.Stmt]) -> None:
+                   sets: list[list[k.Var]], vectorized: bool, out: list[k.Stmt],
+                   folded: int = 1) -> None:
         """Terms of ``group`` (pieces of one width) into the accumulator ``sets``, term t
         into set t % len(sets): the first term of each set declares it, the others follow
         as straight-line code, or as a loop whose body holds one term per set when there
-        are many full pieces."""
+        are many full pieces. ``folded``: each piece is that many terms, one per part of
+        the accumulators (``OpSchedule.folds``)."""
         width = group[0].width
         nsets = len(sets)
 
-        def piece(c: _Chunk) -> k.Expr | _Chunk:
-            return c if vectorized else k.Const(c.start)
+        def piece(c: _Chunk, start: k.Expr | None = None) -> k.Expr | _Chunk | _Pair:
+            first = c.start_expr if start is None else start
+            if vectorized:
+                return c if start is None else _Chunk(start, width, width)
+            return _Pair(first, folded) if folded > 1 else first
 
         for t in range(nsets):
             self.step(node, ctxs, piece(group[t]), sets[t], out, first=True)
         rest = group[nsets:]
         uniform = bool(rest) and not any(c.masked or c.width != width for c in rest)
-        looped = ((vectorized and uniform and len(rest) > self.s.unroll // width)
-                  or (not vectorized and len(rest) > self.s.unroll))
+        looped = ((vectorized or folded > 1) and uniform and len(rest) > self.s.unroll // width
+                  or (not vectorized and folded == 1 and len(rest) > self.s.unroll))
         rounds = len(rest) // nsets if looped else 0
         if rounds > 1:
             # a loop over full vectors (or scalars); chunk starts become a loop variable
             var = k.Var(f"{self.prefix}{node.index}")
             body: list[k.Stmt] = []
             for n, accs in enumerate(sets):
-                start = var + n * width
-                self.step(node, ctxs, _Chunk(start, width, width) if vectorized else start,
-                          accs, body)
+                self.step(node, ctxs, piece(rest[n], var + n * width), accs, body)
             first = rest[0].start
             out.append(k.For(var, k.Const(first), k.Const(first + rounds * nsets * width),
                              nsets * width, tuple(body)))
@@ -661,7 +718,19 @@ def _positions(extent: int, step: int) -> Iterator[tuple[int, int]]:
 def lower_op(program: ix.Program, op: ix.Op, sched: OpSchedule, isa: Isa,
              store: dict[str, _Storage], prefix: str) -> list[k.Stmt]:
     """Statements computing one operation."""
+    if sched.folds and (sched.pairs or sched.quads or sched.one_tail or sched.tail_sums):
+        raise ScheduleError("terms folded into the parts of vectors take the whole vector; "
+                            "it holds no rows, masked tail or columns summed on lanes")
     gen = _Gen(program, op, sched, isa, store, prefix)
+    stmts = _lower_op(gen, program, op, sched, isa, store, prefix)
+    if sched.folds and not gen.folds:
+        raise ScheduleError(f"no sum of {op.out} has terms to fold into the parts of a "
+                            "vector: its vectors are not a half or a quarter of one")
+    return stmts
+
+
+def _lower_op(gen: _Gen, program: ix.Program, op: ix.Op, sched: OpSchedule, isa: Isa,
+              store: dict[str, _Storage], prefix: str) -> list[k.Stmt]:
     out = program.operand(op.out)
     di, dj = op.dims
     extent = {di: out.rows, dj: out.cols}
@@ -1306,7 +1375,39 @@ def candidates(program: ix.Program, op: ix.Op, isa: Isa | None = None) -> list[O
         if isa is not None and v is not None:
             result += _pair_candidates(program, op, isa, v, extent, terms)
             result += _quad_candidates(program, op, isa, v, extent, terms)
+            result += _fold_candidates(program, op, isa, v, extent)
     return result
+
+
+#: Rows of outputs per block with the terms of their sums folded into the parts of
+#: vectors (``OpSchedule.folds``; each row one exact narrow vector).
+FOLD_ROWS = (1, 2, 3, 4, 6, 8)
+
+
+def _fold_candidates(program: ix.Program, op: ix.Op, isa: Isa, v: str,
+                     extent: dict) -> list[OpSchedule]:
+    """Schedules that fold the terms of the sums not on lanes into the parts of vectors
+    (``OpSchedule.folds``), where the lane index (an output dimension, or the index of a
+    sum) is a half or a quarter of a vector long and another sum has that many terms."""
+    lanes = isa.lanes(program.dtype)
+    sums = sums_of(op.body)
+    width = extent[v] if v in extent else max(s.extent for s in sums if s.index == v)
+    parts = lanes // width if lanes % width == 0 else 0
+    terms = max((s.extent for s in sums if s.index != v), default=0)
+    if parts not in (2, 4) or terms < parts:
+        return []
+    u = (op.dims[1] if v == op.dims[0] else op.dims[0]) if v in extent else op.dims[0]
+    out, seen = [], set()
+    for rows in FOLD_ROWS:
+        block = (min(rows, extent[u]), 1)
+        for split in SPLITS:
+            if split > 1 and (terms // parts < 2 * split
+                              or block[0] * split > isa.registers - 4):
+                continue
+            if (block, split) not in seen:
+                seen.add((block, split))
+                out.append(OpSchedule(v, block, split=split, folds=True))
+    return out
 
 
 def _sum_tail_applies(program: ix.Program, op: ix.Op, isa: Isa, v: str, extent: int) -> bool:

@@ -1,0 +1,163 @@
+"""Terms of a sum folded into the parts of vectors (``OpSchedule.folds``): where each
+position's vector is a half or a quarter of a full one (a row of 4 f32 of C(4 x 4) =
+A(4 x n)*B(n x 4)), two or four terms of the sum at a time, one in each part, the parts
+added together at the end.
+
+* every fold candidate of several programs (products with narrow outputs, x'*A*y with A
+  n x 4, (A0 + A1)'*B, leading dimensions, a column-major A), over sums that are and are
+  not multiples of the parts, long enough to loop, through the interpreter on buffers
+  with no slack (a read or write outside an operand raises), on AVX2 and AVX-512;
+* the same compiled by gcc and run against guard pages where the CPU has the ISA;
+* the schedule is refused where nothing folds, or with rows held several to a vector;
+* the model takes it for C = A*B, 4 x 32 x 4, and x'*A*y with A 64 x 4.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import blacc
+from blacc.blacs import plan
+from blacc.errors import ScheduleError
+from blacc.ir import kernel as k
+from blacc.ir.walk import nodes_of
+from blacc.target.isa import AVX2, AVX512
+from blacc.transform.blac import OpSchedule, build_module, candidates
+from test_blac_columns import CC, NATIVE, _compiled
+from test_blac_pairs import candidate_modules, check_guarded
+from test_blac_programs import assert_matches, make_values, run_interp, seed_of
+
+M, V, S = blacc.Matrix, blacc.Vector, blacc.Scalar
+
+#: name -> (source, declarations for a sum of n terms, an output w wide)
+PROGRAMS = {
+    "matmul": ("C = A*B", lambda n, w, dt: dict(
+        A=M(4, n, dt), B=M(n, w, dt), C=M(4, w, dt))),
+    "gemm_ld": ("C = alpha*A*B + beta*C", lambda n, w, dt: dict(
+        A=M(3, n, dt, ld=n + 3), B=M(n, w, dt, ld=w + 1), C=M(3, w, dt, ld=w + 2),
+        alpha=S(dt), beta=S(dt))),
+    "col_a": ("C = A*B + C", lambda n, w, dt: dict(
+        A=M(5, n, dt, layout="col", ld=7), B=M(n, w, dt), C=M(5, w, dt))),
+    "blinf": ("alpha = x'*A*y", lambda n, w, dt: dict(
+        x=V(n, dt), A=M(n, w, dt), y=V(w, dt), alpha=S(dt))),
+    "gemam": ("C = alpha*(A0 + A1)'*B + beta*C", lambda n, w, dt: dict(
+        A0=M(n, 4, dt), A1=M(n, 4, dt), B=M(n, w, dt), C=M(4, w, dt), alpha=S(dt),
+        beta=S(dt))),
+}
+#: (ISA, dtype, output width): a half or a quarter of a vector
+WIDTHS = [(AVX2, "f32", 4), (AVX2, "f64", 2), (AVX512, "f32", 4), (AVX512, "f32", 8),
+          (AVX512, "f64", 4), (AVX512, "f64", 2)]
+TERMS = (1, 2, 3, 5, 8, 13, 37)
+INTERP_CASES = [(name, isa, dt, w, n) for name in PROGRAMS for isa, dt, w in WIDTHS
+                for n in TERMS]
+
+
+def _folds(s: OpSchedule) -> bool:
+    return s.folds
+
+
+@pytest.mark.parametrize(("name", "isa", "dtype", "w", "n"), INTERP_CASES,
+                         ids=[f"{a}-{i.name}-{d}-{w}-{n}" for a, i, d, w, n in INTERP_CASES])
+def test_every_candidate_in_the_interpreter(name, isa, dtype, w, n):
+    source, decls_of = PROGRAMS[name]
+    decls = decls_of(n, w, dtype)
+    p = plan(source, target=isa.name, **decls)
+    values = make_values(decls, dtype,
+                         np.random.default_rng(seed_of("folds", name, isa.name, w, n, dtype)))
+    built = 0
+    for schedule, module in candidate_modules(p, isa, _folds):
+        if module is None:
+            continue
+        built += 1
+        got = run_interp(module, p.specs, p.typed, values, slack=0)
+        assert_matches(p.typed, values, got, f"{name} {isa.name} {n} {dtype} {schedule}")
+    # a sum of at least a vector's parts folds, but for (A0 + A1)' where the parts of
+    # a row of A0 are neither a group of its rows nor side by side (C 4 x 8 f32, 4 x 2
+    # f64 on AVX-512)
+    parts = isa.lanes(dtype) // w
+    if n >= parts and (name in ("matmul", "blinf") or name == "gemam" and w == 4):
+        assert built, "no candidate folds"
+
+
+def test_folds_in_the_lowered_code():
+    """C = A*B, 4 x 13 x 4 f32 on AVX-512: three groups of four terms in 512-bit FMAs
+    (rows of B one load, A's elements spread), the thirteenth on 128 bits, and each
+    row's quarters added together."""
+    p = plan("C = A*B", target="avx512", A=M(4, 13, "f32"), B=M(13, 4, "f32"),
+             C=M(4, 4, "f32"))
+    module = build_module(p.indexed, p.specs, (OpSchedule("j", (4, 1), folds=True),),
+                          AVX512, "k")
+    body = module.function("k").body
+    spreads = list(nodes_of(body, k.Spread))
+    assert len(spreads) == 4 * 3 and all(s.parts == 4 for s in spreads)
+    fmas = [e for e in nodes_of(body, k.Fma)] + [e for e in nodes_of(body, k.Bin)
+                                                 if e.op == "*"]
+    assert sorted({e.lanes for e in fmas}) == [4, 16]
+    assert sum(e.lanes == 16 for e in fmas) == 12
+    assert {s.value.lanes for s in nodes_of(body, k.Store)} == {4}
+
+
+def test_refused_where_nothing_folds():
+    wide = plan("C = A*B", target="avx512", A=M(4, 8, "f32"), B=M(8, 16, "f32"),
+                C=M(4, 16, "f32"))
+    with pytest.raises(ScheduleError, match="no sum of C has terms to fold"):
+        build_module(wide.indexed, wide.specs, (OpSchedule("j", (4, 1), folds=True),),
+                     AVX512, "k")
+    assert not any(module for _, module in candidate_modules(wide, AVX512, _folds))
+    narrow = plan("C = A*B", target="avx512", A=M(4, 16, "f32"), B=M(16, 4, "f32"),
+                  C=M(4, 4, "f32"))
+    with pytest.raises(ScheduleError, match="take the whole vector"):
+        build_module(narrow.indexed, narrow.specs,
+                     (OpSchedule("j", (4, 1), folds=True, quads=True),), AVX512, "k")
+    offered = {(s.block, s.split) for s in
+               candidates(narrow.indexed, narrow.indexed.ops[0], AVX512) if s.folds}
+    # two partial chains where each has at least two groups of four terms
+    assert ((4, 1), 1) in offered and ((1, 1), 2) in offered and ((1, 1), 4) not in offered
+
+
+COMPILED_CASES = [("matmul", AVX2, "f32", 4, 13), ("matmul", AVX512, "f32", 4, 37),
+                  ("matmul", AVX512, "f32", 8, 9), ("blinf", AVX512, "f64", 2, 11),
+                  ("matmul", AVX2, "f64", 2, 37), ("matmul", AVX512, "f64", 4, 5),
+                  ("gemm_ld", AVX2, "f32", 4, 11), ("gemm_ld", AVX512, "f64", 4, 9),
+                  ("col_a", AVX2, "f64", 2, 7), ("blinf", AVX512, "f32", 4, 37),
+                  ("blinf", AVX2, "f64", 2, 64), ("gemam", AVX512, "f32", 4, 13),
+                  ("gemam", AVX2, "f32", 4, 19)]
+
+
+@pytest.mark.skipif(CC is None, reason="needs a C compiler")
+@pytest.mark.parametrize(("name", "isa", "dtype", "w", "n"), COMPILED_CASES,
+                         ids=[f"{a}-{i.name}-{d}-{w}-{n}" for a, i, d, w, n in COMPILED_CASES])
+def test_compiled_against_guard_pages(tmp_path, name, isa, dtype, w, n):
+    """Each fold candidate compiled by gcc (always) and run, where the CPU has the ISA,
+    on operands that touch guard pages."""
+    source, decls_of = PROGRAMS[name]
+    decls = decls_of(n, w, dtype)
+    p = plan(source, target=isa.name, **decls)
+    fns = [(schedule, "c", _compiled(module, isa, tmp_path / f"f{i}"))
+           for i, (schedule, module) in enumerate(candidate_modules(p, isa, _folds))
+           if module is not None]
+    assert fns
+    if not NATIVE[isa.name]:
+        pytest.skip(f"compiled only: this CPU cannot run {isa.name}")
+    values = make_values(decls, dtype,
+                         np.random.default_rng(seed_of("folds-pg", name, n, dtype)))
+    check_guarded(fns, p, values, f"{name} {isa.name} {n} {dtype}")
+
+
+@pytest.mark.parametrize(("source", "decls"), [
+    ("C = A*B", dict(A=M(4, 32, "f32"), B=M(32, 4, "f32"), C=M(4, 4, "f32"))),
+    ("alpha = x'*A*y", dict(x=V(64, "f32"), A=M(64, 4, "f32"), y=V(4, "f32"),
+                            alpha=S("f32"))),
+    *(("C = alpha*(A0 + A1)'*B + beta*C", PROGRAMS["gemam"][1](16, 4, dt))
+      for dt in ("f32", "f64")),
+], ids=["4x32x4", "blinf-64x4", "gemam-4x16x4-f32", "gemam-4x16x4-f64"])
+def test_the_model_folds_long_sums_into_narrow_outputs(source, decls):
+    """On AVX-512 a row of 4 f32 is a quarter of a vector and a row of 4 f64 a half:
+    four or two terms per FMA, and a quarter or a half of the chain of dependent FMAs.
+    Zen 5, the LGen harness: C = A*B 4 x 32 x 4 f32 18.5 ns with rows held two to a
+    256-bit vector, 10.2 folded; x'*A*y, A 64 x 4 f32, 16.0 and 5.4; C = alpha*(A0 +
+    A1)'*B + beta*C 4 x 16 x 4 f32 10.5 with C's rows four to a vector, A0 and A1 spread
+    (``k.Spread``), 5.4 folded."""
+    p = plan(source, target="avx512", **decls)
+    assert any(s.folds for s in p.schedule), p.schedule
