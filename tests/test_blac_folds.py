@@ -25,8 +25,8 @@ from blacc.ir.walk import nodes_of
 from blacc.target.isa import AVX2, AVX512
 from blacc.transform.blac import OpSchedule, build_module, candidates
 from test_blac_columns import CC, NATIVE, _compiled
-from test_blac_pairs import candidate_modules, check_guarded
-from test_blac_programs import assert_matches, make_values, run_interp, seed_of
+from test_blac_pairs import candidate_modules, check_guarded, interpret_candidates
+from test_blac_programs import make_values, seed_of
 
 M, V, S = blacc.Matrix, blacc.Vector, blacc.Scalar
 
@@ -65,13 +65,7 @@ def test_every_candidate_in_the_interpreter(name, isa, dtype, w, n):
     p = plan(source, target=isa.name, **decls)
     values = make_values(decls, dtype,
                          np.random.default_rng(seed_of("folds", name, isa.name, w, n, dtype)))
-    built = 0
-    for schedule, module in candidate_modules(p, isa, _folds):
-        if module is None:
-            continue
-        built += 1
-        got = run_interp(module, p.specs, p.typed, values, slack=0)
-        assert_matches(p.typed, values, got, f"{name} {isa.name} {n} {dtype} {schedule}")
+    built = interpret_candidates(p, isa, _folds, values, f"{name} {isa.name} {n} {dtype}")
     # a sum of at least a vector's parts folds, but for (A0 + A1)' where the parts of
     # a row of A0 are neither a group of its rows nor side by side (C 4 x 8 f32, 4 x 2
     # f64 on AVX-512)

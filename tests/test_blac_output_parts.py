@@ -28,8 +28,8 @@ from blacc.ir.walk import nodes_of
 from blacc.target.isa import AVX2, AVX512
 from blacc.transform.blac import OpSchedule, build_module, candidates
 from test_blac_columns import CC, NATIVE, _compiled
-from test_blac_pairs import PROGRAMS, candidate_modules, check_guarded
-from test_blac_programs import assert_matches, make_values, run_interp, seed_of
+from test_blac_pairs import PROGRAMS, candidate_modules, check_guarded, interpret_candidates
+from test_blac_programs import make_values, seed_of
 
 M = blacc.Matrix
 
@@ -85,13 +85,7 @@ def test_every_candidate_in_the_interpreter(name, n, kk, dtype):
     p = plan(PROGRAMS[name][0], target="avx512", **decls)
     values = make_values(decls, dtype,
                          np.random.default_rng(seed_of("parts", name, n, kk, dtype)))
-    built = 0
-    for schedule, module in candidate_modules(p, AVX512, _parts):
-        if module is None:
-            continue
-        built += 1
-        got = run_interp(module, p.specs, p.typed, values, slack=0)
-        assert_matches(p.typed, values, got, f"{name} {n} {dtype} {schedule}")
+    built = interpret_candidates(p, AVX512, _parts, values, f"{name} {n} {dtype}")
     if n >= 4 and name in ("matmul", "gemm", "chain") and kk == 4:
         assert built, "no candidate with rows held several to a vector builds"
 

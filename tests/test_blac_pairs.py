@@ -385,6 +385,19 @@ def candidate_modules(p, isa, wanted) -> list[tuple[tuple[OpSchedule, ...], k.Mo
     return out
 
 
+def interpret_candidates(p, isa, wanted, values: dict, context: str) -> int:
+    """Run each candidate that ``wanted`` accepts and that builds (``candidate_modules``)
+    through the interpreter on buffers with no slack, against NumPy; how many built."""
+    built = 0
+    for schedule, module in candidate_modules(p, isa, wanted):
+        if module is None:
+            continue
+        built += 1
+        got = run_interp(module, p.specs, p.typed, values, slack=0)
+        assert_matches(p.typed, values, got, f"{context} {schedule}")
+    return built
+
+
 def check_guarded(fns: list, p, values: dict, context: str) -> None:
     """Call each (schedule, backend, function) of ``fns`` on operands against a guard page
     after them and before them, in a child process, and check the results."""
