@@ -7,7 +7,8 @@ added together at the end.
   n x 4, (A0 + A1)'*B, leading dimensions, a column-major A), over sums that are and are
   not multiples of the parts, long enough to loop, through the interpreter on buffers
   with no slack (a read or write outside an operand raises), on AVX2 and AVX-512;
-* the same compiled by gcc and run against guard pages where the CPU has the ISA;
+* the same compiled by gcc (and, without horizontal sums, by the LLVM JIT) and run
+  against guard pages where the CPU has the ISA;
 * the schedule is refused where nothing folds, or with rows held several to a vector;
 * the model takes it for C = A*B, 4 x 32 x 4, and x'*A*y with A 64 x 4.
 """
@@ -25,7 +26,12 @@ from blacc.ir.walk import nodes_of
 from blacc.target.isa import AVX2, AVX512
 from blacc.transform.blac import OpSchedule, build_module, candidates
 from test_blac_columns import CC, NATIVE, _compiled
-from test_blac_pairs import candidate_modules, check_guarded, interpret_candidates
+from test_blac_pairs import (
+    _llvm_function,
+    candidate_modules,
+    check_guarded,
+    interpret_candidates,
+)
 from test_blac_programs import make_values, seed_of
 
 M, V, S = blacc.Matrix, blacc.Vector, blacc.Scalar
@@ -128,12 +134,16 @@ def test_compiled_against_guard_pages(tmp_path, name, isa, dtype, w, n):
     source, decls_of = PROGRAMS[name]
     decls = decls_of(n, w, dtype)
     p = plan(source, target=isa.name, **decls)
+    built = [(schedule, module) for schedule, module in candidate_modules(p, isa, _folds)
+             if module is not None]
     fns = [(schedule, "c", _compiled(module, isa, tmp_path / f"f{i}"))
-           for i, (schedule, module) in enumerate(candidate_modules(p, isa, _folds))
-           if module is not None]
+           for i, (schedule, module) in enumerate(built)]
     assert fns
     if not NATIVE[isa.name]:
         pytest.skip(f"compiled only: this CPU cannot run {isa.name}")
+    # (the LLVM backend has no horizontal sums and no stack temporaries)
+    fns += [(schedule, "llvm", _llvm_function(module, isa)) for schedule, module in built
+            if not nodes_of(module, (k.Reduce, k.SumLanes, k.Local))]
     values = make_values(decls, dtype,
                          np.random.default_rng(seed_of("folds-pg", name, n, dtype)))
     check_guarded(fns, p, values, f"{name} {isa.name} {n} {dtype}")
