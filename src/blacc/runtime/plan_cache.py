@@ -16,7 +16,7 @@ import functools
 import hashlib
 import json
 from collections.abc import Callable
-from dataclasses import asdict
+from dataclasses import asdict, fields
 from pathlib import Path
 from typing import Any
 
@@ -76,6 +76,11 @@ def _load(path: Path) -> Choice | None:
         return None
 
 
+#: ``OpSchedule``'s fields, and those of them that are flags
+_FIELDS = {f.name for f in fields(OpSchedule)}
+_FLAGS = tuple(f.name for f in fields(OpSchedule) if f.type in (bool, "bool"))
+
+
 def _decode(data: object) -> Choice | None:
     """The choice in ``data``, or None unless every field has the expected type."""
     if not isinstance(data, dict) or set(data) != {"form", "schedules"}:
@@ -85,8 +90,7 @@ def _decode(data: object) -> Choice | None:
         return None
     schedules = []
     for s in raw:
-        if not isinstance(s, dict) or set(s) != {"vector", "block", "unroll", "split", "pairs",
-                                                 "one_tail", "quads", "tail_sums", "folds"}:
+        if not isinstance(s, dict) or set(s) != _FIELDS:
             return None
         block = s["block"]
         if not (s["vector"] is None or isinstance(s["vector"], str)):
@@ -94,12 +98,9 @@ def _decode(data: object) -> Choice | None:
         if not (isinstance(block, list) and len(block) == 2 and all(map(_is_int, block))):
             return None
         if not (_is_int(s["unroll"]) and _is_int(s["split"])
-                and all(isinstance(s[f], bool)
-                        for f in ("pairs", "one_tail", "quads", "tail_sums", "folds"))):
+                and all(isinstance(s[f], bool) for f in _FLAGS)):
             return None
-        schedules.append(OpSchedule(s["vector"], (block[0], block[1]), s["unroll"],
-                                    s["split"], s["pairs"], s["one_tail"], s["quads"],
-                                    s["tail_sums"], s["folds"]))
+        schedules.append(OpSchedule(**{**s, "block": (block[0], block[1])}))
     return form, tuple(schedules)
 
 
