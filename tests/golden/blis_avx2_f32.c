@@ -6,9 +6,11 @@
 #if defined(__GNUC__)
 #define BLACC_PREFETCH(p, w) __builtin_prefetch((p), (w), 3)
 #define BLACC_NOINLINE __attribute__((noinline))
+#define BLACC_ENTRY __attribute__((aligned(64)))
 #else
 #define BLACC_PREFETCH(p, w) ((void)0)
 #define BLACC_NOINLINE
+#define BLACC_ENTRY
 #endif
 
 BLACC_NOINLINE static void pack_f32_w16(float *restrict dst, const float *restrict src, int64_t rs, int64_t cs, int64_t rows, int64_t cols);
@@ -855,7 +857,7 @@ BLACC_NOINLINE static void kernel_micro(int64_t kc, const float *restrict a, con
     }
 }
 
-int kernel(int64_t m, int64_t n, int64_t k, float alpha, const float *restrict A, int64_t A_s0, int64_t A_s1, const float *restrict B, int64_t B_s0, int64_t B_s1, float beta, float *restrict C, int64_t C_s0, int64_t C_s1) {
+BLACC_ENTRY int kernel(int64_t m, int64_t n, int64_t k, float alpha, const float *restrict A, int64_t A_s0, int64_t A_s1, const float *restrict B, int64_t B_s0, int64_t B_s1, float beta, float *restrict C, int64_t C_s0, int64_t C_s1) {
     (void)C_s1;
     float *restrict Bp = NULL;
     float *restrict Ap = NULL;

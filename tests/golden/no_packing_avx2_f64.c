@@ -6,9 +6,11 @@
 #if defined(__GNUC__)
 #define BLACC_PREFETCH(p, w) __builtin_prefetch((p), (w), 3)
 #define BLACC_NOINLINE __attribute__((noinline))
+#define BLACC_ENTRY __attribute__((aligned(64)))
 #else
 #define BLACC_PREFETCH(p, w) ((void)0)
 #define BLACC_NOINLINE
+#define BLACC_ENTRY
 #endif
 
 BLACC_NOINLINE static void kernel_micro(int64_t kc, const double *restrict a, int64_t a_rs, int64_t a_cs, const double *restrict b, int64_t b_rs, double *restrict c, int64_t c_rs, int64_t rows, int64_t cols, double alpha, double beta);
@@ -336,7 +338,7 @@ BLACC_NOINLINE static void kernel_micro(int64_t kc, const double *restrict a, in
     }
 }
 
-int kernel(int64_t m, int64_t n, int64_t k, double alpha, const double *restrict A, int64_t A_s0, int64_t A_s1, const double *restrict B, int64_t B_s0, int64_t B_s1, double beta, double *restrict C, int64_t C_s0, int64_t C_s1) {
+BLACC_ENTRY int kernel(int64_t m, int64_t n, int64_t k, double alpha, const double *restrict A, int64_t A_s0, int64_t A_s1, const double *restrict B, int64_t B_s0, int64_t B_s1, double beta, double *restrict C, int64_t C_s0, int64_t C_s1) {
     (void)B_s1;
     (void)C_s1;
     for (int64_t i0 = 0; i0 < m; i0 += 6) {
