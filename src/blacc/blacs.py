@@ -37,6 +37,7 @@ from .strategy.small import (
     isa_choice_cost,
     options,
     search_pool,
+    wider_gain,
     worth_wider,
 )
 from .target.isa import AVX2, AVX512, GENERIC, Isa, requested_isa
@@ -145,7 +146,7 @@ def plan(program: object, *, name: str = "blac_kernel", target: str | Isa | None
             machine = host_target().machine
             costs = [isa_choice_cost(p.module, p.indexed, p.schedule, p.isa, machine)
                      for p in modelled]
-            return modelled[worth_wider(costs)]
+            return modelled[worth_wider(costs, gain=wider_gain(machine))]
         targets = isas  # timed against each other: the call's cost is in the timings
     else:
         isa = _isa(target)

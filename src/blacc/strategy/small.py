@@ -298,14 +298,16 @@ def _recomputed(e: k.Expr) -> bool:
 def _zip_shuffles(e: k.Zip | k.Unzip, isa: Isa) -> float:
     """Shuffles charged for a ``Zip`` or ``Unzip``: an unpack on 128 bits, one
     two-source permute on AVX-512 (vpermt2ps), an unpack within the halves and a permute
-    across them on AVX2's 256 bits. Charged 2, 1 and 3: of the charges tried, these
-    gave the best geomean in same-session A/B runs of the 119 LGen cases the transposes
-    touch, on a Xeon (benchmarks/lgen/README.md, "AVX-512"). Charged as one shuffle per
-    instruction, y = A*x with A 4 x 4 f64 took the transposes on AVX2 and ran 0.4x as
-    fast."""
+    across them on AVX2's 256 bits. Charged 2, 2 and 3. On a Xeon, AVX-512's permute
+    charged 1 gave the best geomean in same-session A/B runs of the 119 LGen cases the
+    transposes touch (benchmarks/lgen/README.md, "AVX-512"); on Zen 5, charged 2, the 35
+    AVX-512 plans that change ran 1.21x as fast (same-session A/B; y = alpha*A*x +
+    beta*B*x with A 100 x 4 f64: 48.3 -> 30.3 ns), and charged 3, the 24 that change
+    again ran 0.89x as fast. Charged as one shuffle per instruction, y = A*x with A 4 x 4 f64
+    took the transposes on AVX2 and ran 0.4x as fast."""
     if e.lanes * itemsize(e.dtype) <= 16:
         return 2.0
-    return 1.0 if isa.mask_registers else 3.0
+    return 2.0 if isa.mask_registers else 3.0
 
 
 def _reduce_latency(e: k.Expr) -> int:
@@ -590,6 +592,19 @@ def isa_choice_cost(module: k.Module, program: ix.Program, schedule: Sequence[Op
 #: and are now the rule.
 CALL_CYCLES = 4.0
 WIDER_GAIN = 1.4
+#: The gain on AMD family 26 (Zen 5), whose 512-bit vectors cost no clock and whose
+#: kernels start on a cache line since 3e4f61f: refitted on two full LGen runs with
+#: ``BLACC_ISA=avx2`` and ``BLACC_ISA=avx512`` (blacc and the loops, each case's model
+#: cost on both), 1.05 ran 1.912x over the loops and 1.4 1.892x (the best for 0-8 cycles
+#: of call at 1.05 are within 0.001; 1.0, which takes AVX-512 on a tie, 1.904x).
+ZEN5_WIDER_GAIN = 1.05
+
+
+def wider_gain(machine: Machine) -> float:
+    """How much faster the wider ISA must be modelled on ``machine`` to be taken."""
+    if machine.vendor == "AuthenticAMD" and machine.family == 26:
+        return ZEN5_WIDER_GAIN
+    return WIDER_GAIN
 
 
 def worth_wider(costs: Sequence[float], *, call: float | None = None,
