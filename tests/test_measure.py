@@ -70,6 +70,16 @@ def test_the_timer_calls_the_kernel_reps_times():
     assert lib.calls_made() == 1000
 
 
+def test_the_timer_starts_on_a_cache_line_and_calls_the_kernel_directly():
+    """As a program linking the kernel would: not through the shared object's PLT, and
+    from code whose place in a cache line is fixed (calls of a nanosecond or two ranked
+    differently by where the timer happened to start)."""
+    text = timing_unit(FAST, ["kern"], SPECS)
+    assert 'alias("kern")' in text and "blacc_direct_kern(a0, a1, a2);" in text
+    lib = load_c(text, GENERIC)
+    assert ctypes.cast(lib.blacc_time_kern, ctypes.c_void_p).value % 64 == 0
+
+
 def test_only_floating_operands():
     with pytest.raises(ArgumentError, match="float32 and float64"):
         timing_unit("", ["kern"], (ArgSpec("n", "scalar", "i64", "in"),))
