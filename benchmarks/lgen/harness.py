@@ -43,9 +43,9 @@ BLAS = {"f32": "s", "f64": "d"}
 NATIVE = ["-O3", "-march=native"]
 #: Every function the harness builds starts on a cache line, as blacc's kernels do: how
 #: fast a call of a few nanoseconds runs depends on how many 64-byte fetch blocks its
-#: code spans (the loops' C = A*B 4 x 4 x 4 f32 ran 1.0 ns starting 0 or 16 bytes into
-#: a line and 1.27 at 32 or 48), and so, without this, on where the linker happened
-#: to put it.
+#: code spans (the loops' C = A*B 4 x 4 x 4 f32 ran 1.02-1.03 ns starting 1 or 16 bytes
+#: into a line and 1.25-1.29 at 32 or 48), and so, without this, on where the linker
+#: happened to put it.
 ALIGNED = ["-falign-functions=64"]
 
 # --------------------------------------------------------------------------------------

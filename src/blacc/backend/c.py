@@ -253,8 +253,8 @@ class _Renderer:
         self.read_back = read_back_buffers(f.body)
         # An entry starts on a cache line: where a kernel of a few nanoseconds starts
         # decides how many 64-byte fetch blocks it spans, and so its speed (C = A*B
-        # 4 x 4 x 4 f32 on Zen 5 ran 1.0 ns starting at 0 or 16 bytes into a line,
-        # 1.27 at 32 or 48).
+        # 4 x 4 x 4 f32 on Zen 5 ran 1.00-1.01 ns starting 1 or 16 bytes into a line,
+        # 1.27-1.28 at 32 or 48).
         head = f"BLACC_ENTRY {self.signature(f)}" if f.exported else self.signature(f)
         lines = [head + " {",
                  *[f"    (void){p.name};" for p in f.params if p.name not in used],

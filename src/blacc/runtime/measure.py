@@ -72,7 +72,7 @@ def timing_unit(source: str, entries: Sequence[str], specs: Sequence[ArgSpec]) -
     # function goes through the PLT. Both as a user's program linking the kernel calls
     # it (C = A*B 4 x 4 x 4 f32, AVX-512's kernel 1.0 ns a call there and AVX2's 1.5:
     # timed here 1.47-2.12 and 2.05-2.45 ns over four seeds before, 1.27-1.54 and
-    # 2.00-2.06 after).
+    # 2.00-2.06 in one run after and 1.29-1.66 and 1.58-1.67 in another).
     tail = "\n".join([
         "#if defined(__GNUC__) && !defined(__clang__)",
         '#define BLACC_TIMER __attribute__((aligned(64), optimize("align-loops=64")))',

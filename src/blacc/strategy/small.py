@@ -465,6 +465,11 @@ L1_BYTES = 48 * 1024
 CACHE_LINE = 64
 
 
+def _zen5(machine: Machine) -> bool:
+    """AMD family 26: 512-bit pipes at the 256-bit ones' clock."""
+    return machine.vendor == "AuthenticAMD" and machine.family == 26
+
+
 def crossing_store_cycles(machine: Machine) -> float:
     """What a store across a cache line costs on ``machine``, for the choice between its
     ISAs: ``CROSSING_STORE_CYCLES``, but nothing on AMD family 26 (Zen 5), where C = A*B
@@ -472,9 +477,7 @@ def crossing_store_cycles(machine: Machine) -> float:
     1288 with AVX2. Zen 4 is not measured; its 256-bit datapath keeps such plans on AVX2
     anyway. (Plans within one ISA are modelled alike on every machine, so that the plan
     cache need not know the machine.)"""
-    if machine.vendor == "AuthenticAMD" and machine.family == 26:
-        return 0.0
-    return CROSSING_STORE_CYCLES
+    return 0.0 if _zen5(machine) else CROSSING_STORE_CYCLES
 
 
 def _crossing_stores(body: tuple[k.Stmt, ...], scratch: frozenset[str]) -> int:
@@ -602,9 +605,7 @@ ZEN5_WIDER_GAIN = 1.05
 
 def wider_gain(machine: Machine) -> float:
     """How much faster the wider ISA must be modelled on ``machine`` to be taken."""
-    if machine.vendor == "AuthenticAMD" and machine.family == 26:
-        return ZEN5_WIDER_GAIN
-    return WIDER_GAIN
+    return ZEN5_WIDER_GAIN if _zen5(machine) else WIDER_GAIN
 
 
 def worth_wider(costs: Sequence[float], *, call: float | None = None,
