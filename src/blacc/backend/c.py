@@ -103,6 +103,13 @@ class _Renderer:
             self.type(e.dtype, e.lanes)
             return self.isa.op(f"spread{e.parts}", e.dtype, e.lanes).format(
                 addr=self.addr(e.x.buf, e.x.index))
+        if isinstance(e, k.Permute):  # on the whole vector, then its first lanes
+            index = ", ".join(map(str, e.lanes_from + (0,) * (e.x.lanes - e.lanes)))
+            whole = self.isa.op("permute", e.dtype, e.x.lanes).format(x=self.expr(e.x),
+                                                                      index=index)
+            part = {1: None, 2: "half_lo", 4: "quarter_lo"}[e.x.lanes // e.lanes]
+            return whole if part is None else self.isa.op(part, e.dtype, e.x.lanes).format(
+                x=whole)
         if isinstance(e, (k.Zip, k.Unzip)):
             name = (("zip_lo", "zip_hi")[e.half] if isinstance(e, k.Zip)
                     else ("unzip_even", "unzip_odd")[e.odd])

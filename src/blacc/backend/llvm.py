@@ -265,6 +265,8 @@ class _FunctionWriter:
             part = e.lanes // e.parts
             return self.shuffle(self.expr(e.x), None,
                                 [q for q in range(e.parts) for _ in range(part)])
+        if isinstance(e, k.Permute):
+            return self.shuffle(self.expr(e.x), None, list(e.lanes_from))
         if isinstance(e, (k.Zip, k.Unzip)):
             mask = (k.zip_lanes(e.lanes, e.half) if isinstance(e, k.Zip)
                     else k.unzip_lanes(e.lanes, e.odd))

@@ -360,6 +360,35 @@ def unzip_lanes(lanes: int, odd: int) -> list[int]:
 
 
 @dataclass(frozen=True, eq=True)
+class Permute(Expr):
+    """Lanes of ``x`` in any order, as many as ``lanes_from`` names (a power of two, at
+    most ``x``'s): lane i of the result is lane ``lanes_from[i]`` of ``x``. The columns of
+    a small row-major block loaded as one vector, one permute each (vpermps): A 3 x 3
+    f32 in the first 9 lanes of a 512-bit load, its column 1 is lanes (1, 4, 7, 0).
+
+        Permute([a0 a1 a2 a3 a4 a5 a6 a7], (1, 4, 7, 0))  ->  [a1 a4 a7 a0]
+    """
+
+    x: Expr
+    lanes_from: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        n = len(self.lanes_from)
+        if (n < 2 or n & (n - 1) or n > self.x.lanes
+                or not all(0 <= i < self.x.lanes for i in self.lanes_from)):
+            raise ValueError(f"Permute takes 2, 4, 8, ... lanes of the {self.x.lanes} of its "
+                             f"vector, got {self.lanes_from!r}")
+
+    @property
+    def dtype(self) -> str:  # type: ignore[override]
+        return self.x.dtype
+
+    @property
+    def lanes(self) -> int:  # type: ignore[override]
+        return len(self.lanes_from)
+
+
+@dataclass(frozen=True, eq=True)
 class Ref(Expr):
     """The address of ``buf[index]``: a pointer argument for a ``Call``."""
 

@@ -47,6 +47,8 @@ def expr(e: k.Expr) -> str:
         return f"spread{e.lanes}({expr(e.x)})"
     if isinstance(e, k.Half):
         return f"half({expr(e.x)}, {e.which})"
+    if isinstance(e, k.Permute):
+        return f"permute({expr(e.x)}, {list(e.lanes_from)})"
     if isinstance(e, k.Zip):
         return f"zip{'_hi' if e.half else '_lo'}({expr(e.a)}, {expr(e.b)})"
     if isinstance(e, k.Unzip):

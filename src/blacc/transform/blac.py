@@ -72,6 +72,7 @@ from ..ir.dtypes import itemsize
 from ..ir.walk import names_used, nodes_of, rewrite, simplify, substitute
 from ..runtime.signature import ARRAY, ArgSpec
 from ..target.isa import Isa
+from .share_loads import share_masked_loads
 from .sum_lanes import batch_row_sums, index_offset
 
 
@@ -323,28 +324,50 @@ class _Gen:
 
     def read_column(self, r: ix.Read, st: _Storage, idx: list[k.Expr], pos: int,
                     chunk: _Chunk, out: list[k.Stmt]) -> k.Expr | None:
-        """A vector down a column of an operand whose rows are w = 2 or 4 elements
-        long and follow one another (C of beta*C under ``_column_tiles``; A of ``y = A*x``
-        with A n x 4 and the lanes along n): one of the w vectors that ``Unzip``s make of
-        the ``chunk``'s rows, loaded once per list of statements; None for any other
-        read."""
+        """A vector down a column of an operand whose rows are w elements long and
+        follow one another (C of beta*C under ``_column_tiles``; A of ``y = A*x`` with A
+        n x 4 and the lanes along n), its columns made once per list of statements: for
+        w = 2 or 4, one of the w vectors that ``Unzip``s make of the ``chunk``'s rows;
+        for other w, where at least ``PERMUTED_ROWS`` rows fit one full vector, one
+        ``Permute`` of it each (A 3 x 3 f32 on AVX-512). None for any other read."""
         other = 1 - pos
         operand = self.p.operand(r.operand)
         w = (operand.rows, operand.cols)[other]
         # (on the lanes of a sum, the transposes would only feed horizontal sums: x'*A*y
         # with A 4 x 4 ran 0.24-0.34x as fast)
-        if (self.s.vector not in self.op.dims or w not in SHORT_ROWS
-                or (st.rs, st.cs)[other] != 1
-                or (st.rs, st.cs)[pos] != w or not isinstance(idx[other], k.Const)
-                or not self.isa.has_op("unzip_even", self.dt, chunk.width)):
+        if (self.s.vector not in self.op.dims or (st.rs, st.cs)[other] != 1
+                or (st.rs, st.cs)[pos] != w or not isinstance(idx[other], k.Const)):
+            return None
+        unzipped = w in SHORT_ROWS and self.isa.has_op("unzip_even", self.dt, chunk.width)
+        # (two rows per permute do not pay: y = A*x, A 3 x 3 f64, rows 0-1 so and row 2
+        # scalar, ran 1.81 ns a call against 1.27 with sums along the rows on Zen 5)
+        permuted = (w not in SHORT_ROWS and PERMUTED_ROWS <= chunk.count
+                    and chunk.count * w < self.isa.lanes(self.dt)
+                    and self.isa.has_op("permute", self.dt))
+        if not (unzipped or permuted):
             return None
         cached = (r.operand, chunk, id(out))
         if cached not in self.columns:
-            rows = _row_loads(st, pos, chunk, w, self.dt)
+            if unzipped:
+                rows = [self.named(x, out) for x in _row_loads(st, pos, chunk, w, self.dt)]
+                columns = unzip_rows(rows, lambda e: self.named(e, out))
+            else:
+                columns = self.permuted_columns(st, pos, chunk, w, out)
             # (the list is kept with its columns, so that its id is not reused)
-            self.columns[cached] = (out, unzip_rows([self.named(x, out) for x in rows],
-                                                    lambda e: self.named(e, out)))
+            self.columns[cached] = (out, columns)
         return self.columns[cached][1][int(idx[other].value)]
+
+    def permuted_columns(self, st: _Storage, pos: int, chunk: _Chunk, w: int,
+                         out: list[k.Stmt]) -> list[k.Expr]:
+        """The w columns of the ``chunk``'s rows of w elements, all in one masked load of
+        a full vector, each named: column c is lanes c, c + w, c + 2w, ... of it, and a
+        lane past the chunk's count the last one, which the masked load zeroed."""
+        full = self.isa.lanes(self.dt)
+        rows = self.named(k.Load(st.buf, _row_start(st, pos, chunk), self.dt, full,
+                                 k.Const(chunk.count * w)), out)
+        return [self.named(k.Permute(rows, tuple(c + q * w if q < chunk.count else full - 1
+                                                 for q in range(chunk.width))), out)
+                for c in range(w)]
 
     def read_pair(self, r: ix.Read, st: _Storage, idx: list[k.Expr], axis: int,
                   chunk: _Chunk | None, pos: int | None, nrows: int = 2) -> k.Expr:
@@ -889,6 +912,10 @@ def _tail_sums(gen: _Gen, st: _Storage, u: str, v: str, extent: dict[str, int],
                 stmts)
     return stmts
 
+
+#: The fewest rows a ``Permute`` of their columns out of one vector (other row lengths than
+#: ``SHORT_ROWS``) is worth.
+PERMUTED_ROWS = 3
 
 #: Row lengths that tiles transposed in registers take: log2(w) rounds of Zips. With
 #: three rounds (8 x 8 f64 on AVX-512) C = A*B ran 0.6x as fast as broadcasting A.
@@ -1557,5 +1584,6 @@ def build_module(program: ix.Program, specs: tuple[ArgSpec, ...],
         later = [e for part in parts[n + 1:] for e in nodes_of(part, k.Load)]
         if sum(e.buf == op.out and e.lanes == 1 for e in later) >= SPLATS_FROM_MEMORY:
             body.append(k.Barrier())
-    entry = k.Function(name, entry_params(specs), tuple(body), exported=True)
+    entry = k.Function(name, entry_params(specs), share_masked_loads(tuple(body), isa),
+                       exported=True)
     return k.Module((entry,), entry=name)
