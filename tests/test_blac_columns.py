@@ -299,12 +299,20 @@ COLUMN_READ_CASES = [(name, n, w, dt, isa) for name in COLUMN_READS for dt in ("
 def test_columns_read_down_short_rows_in_the_interpreter(name, n, w, dtype, isa):
     """Every candidate with the lanes along n: A's columns come out of ``Unzip``s of its
     rows (what gcc makes of y = A*x, A 4 x 4: transposes, then FMAs by x's elements)."""
+    built = 0
+    for module in _column_reads_checked(name, n, w, dtype, isa):
+        built += 1
+        assert nodes_of(module, k.Unzip) or n == 1
+    assert built >= (n > 1 and w in SHORT_ROWS)
+
+
+def _column_reads_checked(name: str, n: int, w: int, dtype: str, isa: str):
+    """The modules of every candidate of ``COLUMN_READS[name]`` with the lanes along n
+    that builds, each checked through the interpreter on buffers with no slack."""
     decls = COLUMN_READS[name][1](n, w, dtype)
     p = plan(COLUMN_READS[name][0], target=isa, **decls)
     values = make_values(decls, dtype, np.random.default_rng(seed_of(name, n, w, dtype)))
-    op = p.indexed.ops[-1]
-    built = 0
-    for sched in candidates(p.indexed, op, ISAS[isa]):
+    for sched in candidates(p.indexed, p.indexed.ops[-1], ISAS[isa]):
         if sched.vector != "i" or sched.pairs:
             continue
         try:
@@ -312,11 +320,9 @@ def test_columns_read_down_short_rows_in_the_interpreter(name, n, w, dtype, isa)
                                   "cols")
         except ScheduleError:
             continue
-        built += 1
-        assert nodes_of(module, k.Unzip) or n == 1
         got = run_interp(module, p.specs, p.typed, values, slack=0)
         assert_matches(p.typed, values, got, f"{name} {n}x{w} {dtype} {isa} {sched}")
-    assert built >= (n > 1 and w in SHORT_ROWS)
+        yield module
 
 
 #: (n, w, dtype) of A n x w whose rows, other than 2 or 4 long, fit one AVX-512 vector
@@ -333,24 +339,11 @@ def test_columns_of_odd_rows_permuted_in_the_interpreter(name, n, w, dtype):
     """With the lanes along n, A's columns are ``Permute``s of one masked load of a
     chunk's rows (AVX-512), on buffers with no slack, where a vector holds three rows or
     more; AVX2, without the template, builds none of these schedules."""
-    decls = COLUMN_READS[name][1](n, w, dtype)
-    values = make_values(decls, dtype, np.random.default_rng(seed_of(name, n, w, dtype)))
     for isa in ("avx512", "avx2"):
-        p = plan(COLUMN_READS[name][0], target=isa, **decls)
-        op = p.indexed.ops[-1]
         built = 0
-        for sched in candidates(p.indexed, op, ISAS[isa]):
-            if sched.vector != "i" or sched.pairs:
-                continue
-            try:
-                module = build_module(p.indexed, p.specs, (*p.schedule[:-1], sched),
-                                      ISAS[isa], "cols")
-            except ScheduleError:
-                continue
+        for module in _column_reads_checked(name, n, w, dtype, isa):
             built += 1
             assert nodes_of(module, k.Permute)
-            got = run_interp(module, p.specs, p.typed, values, slack=0)
-            assert_matches(p.typed, values, got, f"{name} {n}x{w} {dtype} {isa} {sched}")
         assert built if isa == "avx512" and n >= 3 and 3 * w < AVX512.lanes(dtype) else not built
 
 
