@@ -72,13 +72,36 @@ def test_tiny_case_builds_runs_and_verifies(tmp_path):
     loops = (d / "loops.c").read_text()
     assert "void lp_micro_blinf_n3_f32(" in loops and "void ref_micro_blinf_n3_f32(" in loops
     assert (d / "bl_micro_blinf_n3_f32.h").exists()
-    rows = harness.run_series(exe, cases, target_ms=0.2, rounds=1)
+    rows = harness.run_series(exe, cases, target_ms=0.2, rounds=3, processes=2)
     by_impl = {r["impl"]: r for r in rows}
     assert set(by_impl) == {"blacc", "loops"}
     for r in by_impl.values():
         assert r["verified"] is True and r["err"] <= 1.0
         assert r["case"] == "micro_blinf_n3_f32" and r["flops"] == 2 * 3 * 3 + 2 * 3
         assert r["median_ns"] > 0 and r["gflops"] > 0
+        # three rounds from two runs (2 + 1), their statistics over all three
+        assert r["rounds"] == 3 and len(r["t_ns"]) == 3
+        assert r["median_ns"] == sorted(r["t_ns"])[1] and r["best_ns"] == min(r["t_ns"])
+
+
+def test_runs_of_a_series_are_merged():
+    """The rounds of several runs of a series: times and rounds add up, the worst error
+    is kept, a failure in any run stands, and the statistics are the C harness's."""
+    ok = {"case": "c", "impl": "i", "verified": True, "err": 0.1, "reps": 9, "rounds": 2,
+          "t_ns": [2.0, 1.0], "median_ns": 1.5}
+    row: dict = {}
+    for run in (ok, {**ok, "err": 0.4, "rounds": 1, "t_ns": [3.0]}):
+        harness._merge(row, run)
+    assert row["t_ns"] == [2.0, 1.0, 3.0] and row["rounds"] == 3 and row["err"] == 0.4
+    failed: dict = {}
+    for run in (ok, {"case": "c", "impl": "i", "verified": False, "err": 7.0}, ok):
+        harness._merge(failed, run)
+    assert failed == {"case": "c", "impl": "i", "verified": False, "err": 7.0}
+    assert harness._statistics([5, 1, 3, 2, 4, 9, 7, 8, 6]) == {
+        "best_ns": 1, "q1_ns": 3, "median_ns": 5, "q3_ns": 7, "worst_ns": 9}
+    assert harness._statistics([4, 1, 3, 2])["median_ns"] == 2.5
+    assert harness._split(9, 3) == [3, 3, 3] and harness._split(5, 3) == [2, 2, 1]
+    assert harness._split(2, 3) == [1, 1]
 
 
 @pytest.mark.skipif(shutil.which("gcc") is None and shutil.which("cc") is None,

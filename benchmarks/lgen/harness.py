@@ -538,6 +538,9 @@ static void bench(const char *cid, impl_t *im, int n, void (*restore)(void),
                    p->reps, ROUNDS, 1e9 * s[0], 1e9 * s[ROUNDS / 4],
                    1e9 * (ROUNDS % 2 ? s[ROUNDS / 2] : 0.5 * (s[ROUNDS / 2 - 1] + s[ROUNDS / 2])),
                    1e9 * s[(3 * ROUNDS) / 4], 1e9 * s[ROUNDS - 1]);
+            printf(", \"t_ns\": [");
+            for (int r = 0; r < ROUNDS; r++) printf("%s%.6g", r ? ", " : "", 1e9 * p->t[r]);
+            printf("]");
         }
         printf("}\n");
     }
@@ -990,28 +993,73 @@ def build_series(name: str, cases: list[Case], impls: Sequence[str], tc: Toolcha
 
 
 def run_series(exe: Path, cases: Sequence[Case], *, target_ms: float = 20.0, rounds: int = 7,
-               clock: str = "cpu", timeout: float | None = None) -> list[dict]:
+               clock: str = "cpu", timeout: float | None = None,
+               processes: int = 1) -> list[dict]:
     """Run a built series; return one dict per (case, implementation) with the case's
-    metadata and the derived GFLOPS."""
+    metadata and the derived GFLOPS. With ``processes`` > 1 the rounds are split over
+    that many runs of the executable, one after another, and each implementation's
+    statistics are taken over the rounds of all of them: a call of about a nanosecond
+    runs at one speed for a whole process and may run at another in the next (C = A*B 2
+    x 2 x 2 f32 on Zen 5: 1.17-1.21 ns in every round of one run, 0.95-1.08 in six runs
+    after it; the loops 0.93-1.04 in all)."""
     env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")
-    r = subprocess.run([str(exe), "--target-ms", str(target_ms), "--rounds", str(rounds),
-                        "--clock", clock],
-                       capture_output=True, text=True, env=env, timeout=timeout)
-    if r.returncode != 0:
-        raise RuntimeError(f"{exe} exited {r.returncode}:\n{r.stderr[-4000:]}")
     meta = {c.cid: c.meta() for c in cases}
+    merged: dict[tuple[str, str], dict] = {}
+    for share in _split(rounds, processes):
+        r = subprocess.run([str(exe), "--target-ms", str(target_ms), "--rounds", str(share),
+                            "--clock", clock],
+                           capture_output=True, text=True, env=env, timeout=timeout)
+        if r.returncode != 0:
+            raise RuntimeError(f"{exe} exited {r.returncode}:\n{r.stderr[-4000:]}")
+        for line in r.stdout.splitlines():
+            line = line.strip()
+            if line.startswith("{"):
+                row = json.loads(line)
+                _merge(merged.setdefault((row["case"], row["impl"]), {}), row)
     rows = []
-    for line in r.stdout.splitlines():
-        line = line.strip()
-        if not line.startswith("{"):
-            continue
-        row = json.loads(line)
-        row = {**meta[row["case"]], **row}
-        if row.get("verified") and row.get("median_ns"):
+    for (cid, _), row in merged.items():
+        row = {**meta[cid], **row}
+        if row.get("verified") and row.get("t_ns"):
+            row.update(_statistics(row["t_ns"]))
             row["gflops"] = row["flops"] / row["median_ns"]
             row["gflops_best"] = row["flops"] / row["best_ns"]
         rows.append(row)
     return rows
+
+
+def _split(rounds: int, processes: int) -> list[int]:
+    """``rounds`` as nearly equal shares for ``processes`` runs (none empty)."""
+    n = max(1, min(processes, rounds))
+    return [rounds // n + (i < rounds % n) for i in range(n)]
+
+
+def _merge(into: dict, row: dict) -> None:
+    """One run's row of an implementation into its row of the runs before: the times of
+    the rounds and the rounds add up, the largest error is kept, and a failure or a skip
+    in any run stands (with no times)."""
+    timed = bool(row.get("verified")) and "t_ns" in row
+    if not into:
+        into.update(row)
+        if timed:
+            into["t_ns"] = list(row["t_ns"])
+    elif "t_ns" not in into:  # failed or skipped before
+        pass
+    elif not timed:
+        into.clear()
+        into.update(row)
+    else:
+        into["t_ns"] += row["t_ns"]
+        into["rounds"] += row["rounds"]
+        into["err"] = max(into["err"], row["err"])
+
+
+def _statistics(times: Sequence[float]) -> dict:
+    """Best, quartiles, median and worst of per-call times, as the C harness takes them
+    (the lower quartile at index n/4 of the sorted times, the upper at 3n/4)."""
+    s, n = sorted(times), len(times)
+    median = s[n // 2] if n % 2 else 0.5 * (s[n // 2 - 1] + s[n // 2])
+    return {"best_ns": s[0], "q1_ns": s[n // 4], "median_ns": median,
+            "q3_ns": s[(3 * n) // 4], "worst_ns": s[-1]}
 
 
 CLOCK_SRC = r"""

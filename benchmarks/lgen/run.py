@@ -57,6 +57,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                     help="minimum duration of one timed batch of calls (default 20)")
     ap.add_argument("--rounds", type=int, default=None,
                     help="timed batches per implementation (default 9; 5 with --quick)")
+    ap.add_argument("--processes", type=int, default=3,
+                    help="runs of each series' executable the rounds are split over "
+                    "(default 3: a call of a nanosecond or so may run at one speed for a "
+                    "whole process and at another in the next)")
     ap.add_argument("--clock", choices=("cpu", "wall"), default="cpu",
                     help="thread CPU time (default; robust on a shared machine) or wall time")
     ap.add_argument("--jobs", type=int, default=h.cpu_count(), help="parallel compiles")
@@ -194,7 +198,10 @@ def markdown(summary: list[dict], aims: dict, info: dict, config: dict,
              + (f" Missing: {', '.join(f'{k} ({v})' for k, v in info['missing_peers'].items())}."
                 if info["missing_peers"] else ""),
              f"Timing: {config['clock']} clock, batches >= {config['target_ms']} ms, "
-             f"{config['rounds']} batches per implementation interleaved; GFLOPS from the "
+             f"{config['rounds']} batches per implementation interleaved"
+             + (f", over {config['processes']} runs of each series"
+                if config.get("processes", 1) > 1 else "")
+             + "; GFLOPS from the "
              "median time per call, f/c = GFLOPS / clock. Every implementation was verified "
              "against float64 loops before timing. blacc's schedules: "
              + ("its cost model (the default)." if config.get("search", "model") == "model"
@@ -441,7 +448,7 @@ def main(argv=None) -> int:
             tb = time.time() - t1
             try:
                 got = h.run_series(exe, cs, target_ms=args.target_ms, rounds=rounds,
-                                   clock=args.clock)
+                                   clock=args.clock, processes=args.processes)
             except RuntimeError as e:
                 log(f"[{i}/{len(groups)}] {name}: RUN FAILED\n{e}")
                 continue
@@ -460,7 +467,7 @@ def main(argv=None) -> int:
     aims = check_aims(summary)
     config = {"quick": args.quick, "dtypes": dtypes, "cases": args.cases, "impls": impls,
               "target_ms": args.target_ms, "rounds": rounds, "clock": args.clock,
-              "search": args.search}
+              "processes": args.processes, "search": args.search}
     (out / "results.json").write_text(json.dumps(
         {"machine": info, "config": config, "summary": summary, "aims": aims,
          "blacc_emit_cpu_s": emit_cpu, "rows": rows},
