@@ -139,7 +139,8 @@ def test_zip_templates_compiled_by_gcc_and_llvm(tmp_path, isa, dtype, lanes):
 
 def _permute_module(dtype: str, lanes: int, widths: tuple[int, ...]) -> k.Module:
     """out = the reversed lanes of a vector of x, then its lanes 3, 0, 5, ... (every
-    third, wrapping) at each width of ``widths``."""
+    third, wrapping) at each width of ``widths``, then every third lane of it and the
+    vector after it (two sources)."""
     x = k.Load("x", k.Const(0), dtype, lanes)
     orders = [tuple(range(lanes - 1, -1, -1))] + [tuple((3 * i) % lanes for i in range(n))
                                                   for n in widths]
@@ -147,12 +148,20 @@ def _permute_module(dtype: str, lanes: int, widths: tuple[int, ...]) -> k.Module
     for order in orders:
         body.append(k.Store("out", k.Const(at), k.Permute(x, order)))
         at += len(order)
+    second = k.Load("x", k.Const(lanes), dtype, lanes)
+    body.append(k.Store("out", k.Const(at), k.Permute(x, _thirds(lanes), second)))
     params = (k.Param("x", dtype, pointer=True, const=True), k.Param("out", dtype, pointer=True))
     return k.Module((k.Function("f", params, tuple(body), exported=True),), "f")
 
 
+def _thirds(lanes: int) -> tuple[int, ...]:
+    return tuple((3 * i) % (2 * lanes) for i in range(lanes))
+
+
 def _permute_expected(x: np.ndarray, lanes: int, widths: tuple[int, ...]) -> np.ndarray:
-    return np.concatenate([x[::-1]] + [x[[(3 * i) % lanes for i in range(n)]] for n in widths])
+    one = x[:lanes]
+    return np.concatenate([one[::-1]] + [one[[(3 * i) % lanes for i in range(n)]]
+                                         for n in widths] + [x[list(_thirds(lanes))]])
 
 
 PERMUTES = [("f32", 16, (16, 8, 4)), ("f64", 8, (8, 4, 2))]
@@ -164,7 +173,7 @@ def test_permute_in_the_interpreter_printer_gcc_and_llvm(tmp_path, dtype, lanes,
     the interpreter gives what NumPy indexing does; gcc compiles the templates without
     warnings and, where this CPU runs them, gcc's and LLVM's code agree with it."""
     module = _permute_module(dtype, lanes, widths)
-    x = np.arange(1, lanes + 1, dtype=NP[dtype])
+    x = np.arange(1, 2 * lanes + 1, dtype=NP[dtype])
     want = _permute_expected(x, lanes, widths)
     out = np.zeros(want.size, NP[dtype])
     interp.run(module, {"x": x, "out": out})
@@ -181,7 +190,7 @@ def test_permute_in_the_interpreter_printer_gcc_and_llvm(tmp_path, dtype, lanes,
                           capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     text = llvm_backend.render(module, AVX512)
-    assert text.count("shufflevector") == len(widths) + 1
+    assert text.count("shufflevector") == len(widths) + 2
     if not NATIVE["avx512"]:
         return
     jit_lib = jit.JitLibrary(jit.emit_object(text))
@@ -196,9 +205,14 @@ def test_permute_in_the_interpreter_printer_gcc_and_llvm(tmp_path, dtype, lanes,
 def test_permute_checks_its_lanes():
     x8 = k.Load("x", k.Const(0), "f32", 8)
     assert k.Permute(x8, (7, 0)).lanes == 2 and k.Permute(x8, (7, 0)).dtype == "f32"
+    assert k.Permute(x8, (15, 0), x8).lanes == 2
     for bad in [(0,), (0, 1, 2), tuple(range(16)), (0, 8), (-1, 0)]:
         with pytest.raises(ValueError, match="Permute takes 2, 4, 8"):
             k.Permute(x8, bad)
+    with pytest.raises(ValueError, match="Permute takes 2, 4, 8"):
+        k.Permute(x8, (0, 16), x8)
+    with pytest.raises(ValueError, match="two vectors of one type"):
+        k.Permute(x8, (0, 9), k.Load("x", k.Const(0), "f64", 8))
 
 
 @pytest.mark.parametrize(("w", "lanes"), [(2, 2), (2, 8), (4, 4), (4, 8), (8, 8), (4, 16),

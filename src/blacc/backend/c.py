@@ -105,8 +105,11 @@ class _Renderer:
                 addr=self.addr(e.x.buf, e.x.index))
         if isinstance(e, k.Permute):  # on the whole vector, then its first lanes
             index = ", ".join(map(str, e.lanes_from + (0,) * (e.x.lanes - e.lanes)))
-            whole = self.isa.op("permute", e.dtype, e.x.lanes).format(x=self.expr(e.x),
-                                                                      index=index)
+            whole = (self.isa.op("permute", e.dtype, e.x.lanes).format(x=self.expr(e.x),
+                                                                       index=index)
+                     if e.y is None else
+                     self.isa.op("permute2", e.dtype, e.x.lanes).format(
+                         x=self.expr(e.x), y=self.expr(e.y), index=index))
             part = {1: None, 2: "half_lo", 4: "quarter_lo"}[e.x.lanes // e.lanes]
             return whole if part is None else self.isa.op(part, e.dtype, e.x.lanes).format(
                 x=whole)

@@ -266,7 +266,8 @@ class _FunctionWriter:
             return self.shuffle(self.expr(e.x), None,
                                 [q for q in range(e.parts) for _ in range(part)])
         if isinstance(e, k.Permute):
-            return self.shuffle(self.expr(e.x), None, list(e.lanes_from))
+            y = None if e.y is None else self.expr(e.y)
+            return self.shuffle(self.expr(e.x), y, list(e.lanes_from))
         if isinstance(e, (k.Zip, k.Unzip)):
             mask = (k.zip_lanes(e.lanes, e.half) if isinstance(e, k.Zip)
                     else k.unzip_lanes(e.lanes, e.odd))

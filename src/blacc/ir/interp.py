@@ -90,7 +90,8 @@ def evaluate(e: k.Expr, env: _Env) -> Any:
         part = x[e.which * h:(e.which + 1) * h].copy()
         return part[0] if h == 1 else part
     if isinstance(e, k.Permute):
-        return evaluate(e.x, env)[list(e.lanes_from)]
+        both = [evaluate(x, env) for x in (e.x, e.y) if x is not None]
+        return np.concatenate(both)[list(e.lanes_from)]
     if isinstance(e, (k.Zip, k.Unzip)):
         both = np.concatenate([evaluate(e.a, env), evaluate(e.b, env)])
         lanes = (k.zip_lanes(e.lanes, e.half) if isinstance(e, k.Zip)

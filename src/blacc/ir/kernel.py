@@ -361,23 +361,33 @@ def unzip_lanes(lanes: int, odd: int) -> list[int]:
 
 @dataclass(frozen=True, eq=True)
 class Permute(Expr):
-    """Lanes of ``x`` in any order, as many as ``lanes_from`` names (a power of two, at
-    most ``x``'s): lane i of the result is lane ``lanes_from[i]`` of ``x``. The columns of
-    a small row-major block loaded as one vector, one permute each (vpermps): A 3 x 3
-    f32 in the first 9 lanes of a 512-bit load, its column 1 is lanes (1, 4, 7, 0).
+    """Lanes of ``x`` (followed by ``y``'s, a vector of the same type, where given) in any
+    order, as many as ``lanes_from`` names (a power of two, at most ``x``'s): lane i of
+    the result is lane ``lanes_from[i]`` of them. The columns of a small row-major block
+    loaded as one vector, one permute each (vpermps): A 3 x 3 f32 in the first 9 lanes of
+    a 512-bit load, its column 1 is lanes (1, 4, 7, 0). With ``y``, one two-source
+    permute (vpermt2ps): A 4 x 8 f32 in two registers, A[0..3, k] each splatted in its
+    quarter.
 
         Permute([a0 a1 a2 a3 a4 a5 a6 a7], (1, 4, 7, 0))  ->  [a1 a4 a7 a0]
+        Permute([a0 a1 a2 a3], (0, 5), [b0 b1 b2 b3])     ->  [a0 b1]
     """
 
     x: Expr
     lanes_from: tuple[int, ...]
+    y: Expr | None = None
 
     def __post_init__(self) -> None:
         n = len(self.lanes_from)
+        sources = self.x.lanes * (1 if self.y is None else 2)
         if (n < 2 or n & (n - 1) or n > self.x.lanes
-                or not all(0 <= i < self.x.lanes for i in self.lanes_from)):
-            raise ValueError(f"Permute takes 2, 4, 8, ... lanes of the {self.x.lanes} of its "
-                             f"vector, got {self.lanes_from!r}")
+                or not all(0 <= i < sources for i in self.lanes_from)):
+            raise ValueError(f"Permute takes 2, 4, 8, ... lanes of the {sources} of its "
+                             f"vectors, got {self.lanes_from!r}")
+        if self.y is not None and (self.y.lanes, self.y.dtype) != (self.x.lanes,
+                                                                   self.x.dtype):
+            raise ValueError(f"Permute takes two vectors of one type, got {self.x.lanes} x "
+                             f"{self.x.dtype} and {self.y.lanes} x {self.y.dtype}")
 
     @property
     def dtype(self) -> str:  # type: ignore[override]

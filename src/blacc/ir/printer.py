@@ -48,7 +48,8 @@ def expr(e: k.Expr) -> str:
     if isinstance(e, k.Half):
         return f"half({expr(e.x)}, {e.which})"
     if isinstance(e, k.Permute):
-        return f"permute({expr(e.x)}, {list(e.lanes_from)})"
+        second = "" if e.y is None else f", {expr(e.y)}"
+        return f"permute({expr(e.x)}{second}, {list(e.lanes_from)})"
     if isinstance(e, k.Zip):
         return f"zip{'_hi' if e.half else '_lo'}({expr(e.a)}, {expr(e.b)})"
     if isinstance(e, k.Unzip):

@@ -267,9 +267,11 @@ def _node_issue(e: k.Expr, own: _Issue, acc: _Issue, isa: Isa, loop: str | None,
                 return
             joined.add(e.x)
         _expr_issue(e.x, acc, isa, loop, joined, datapath, single, read)
-    elif isinstance(e, k.Permute):  # one single-source permute (vpermps)
-        own.shuffles += 1.0
-        _expr_issue(e.x, acc, isa, loop, joined, datapath, single, read)
+    elif isinstance(e, k.Permute):  # one permute (vpermps; two sources as a Zip's)
+        own.shuffles += 1.0 if e.y is None else 2.0
+        for x in (e.x, e.y):
+            if x is not None:
+                _expr_issue(x, acc, isa, loop, joined, datapath, single, read)
     elif isinstance(e, (k.Zip, k.Unzip)):
         own.shuffles += _zip_shuffles(e, isa)
         _expr_issue(e.a, acc, isa, loop, joined, datapath, single, read)

@@ -446,11 +446,14 @@ def _avx512_ops() -> dict[tuple[str, str], str]:
         ("spread4", "f64"): ("_mm512_permutexvar_pd(_mm512_setr_epi64(0, 0, 1, 1, 2, 2, 3, 3), "
                              "_mm512_castpd256_pd512(_mm256_loadu_pd({addr})))"),
     })
-    # lanes of one vector in any order (``Permute``: the columns of a small row-major
-    # block, one lane-crossing vpermps/vpermpd each), and its first quarter
+    # lanes of one vector in any order, or of two (``Permute``: the columns of a small
+    # row-major block, one lane-crossing vpermps/vpermpd or vpermt2ps/vpermt2pd each),
+    # and its first quarter
     ops.update({
         ("permute", "f32"): "_mm512_permutexvar_ps(_mm512_setr_epi32({index}), {x})",
         ("permute", "f64"): "_mm512_permutexvar_pd(_mm512_setr_epi64({index}), {x})",
+        ("permute2", "f32"): "_mm512_permutex2var_ps({x}, _mm512_setr_epi32({index}), {y})",
+        ("permute2", "f64"): "_mm512_permutex2var_pd({x}, _mm512_setr_epi64({index}), {y})",
         ("quarter_lo", "f32"): "_mm512_castps512_ps128({x})",
         ("quarter_lo", "f64"): "_mm512_castpd512_pd128({x})",
     })

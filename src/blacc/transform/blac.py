@@ -38,7 +38,8 @@ vector, and two rows are one 256-bit access only where they are contiguous in me
 output dimension a quarter of a vector wide (4 f32 columns on AVX-512) holds four rows
 per register (``OpSchedule.quads``) the same way: a row of B in every quarter
 (vbroadcastf32x4), A[i..i+3, k] splatted within the quarters from one load of four
-contiguous rows of A, the four rows of C stored at once — gcc's loops for
+contiguous rows of A (or, for longer rows, one permute of the four rows that one or two
+vectors hold), the four rows of C stored at once — gcc's loops for
 ``C(n x 4) = A(n x 4)*B(4x4)`` on Zen 5, where transposing 16 rows of A and C through
 two-source permutes ran half as fast. A sum on lanes over exactly half a vector pairs rows the
 same way (``y = A*x``, A n x 4 f32: rows i and i+1 of A in one 256-bit load, x in both
@@ -303,7 +304,7 @@ class _Gen:
                 v = v.start
             idx.append(v)
         if pair is not None:
-            return self.read_pair(r, st, idx, pair, chunk, pos, nrows)
+            return self.read_pair(r, st, idx, pair, chunk, pos, nrows, out)
         index = st.index(idx[0], idx[1])
         if chunk is None or chunk.width == 1:  # one element, at any stride
             return k.Load(st.buf, index, self.dt)
@@ -370,7 +371,8 @@ class _Gen:
                 for c in range(w)]
 
     def read_pair(self, r: ix.Read, st: _Storage, idx: list[k.Expr], axis: int,
-                  chunk: _Chunk | None, pos: int | None, nrows: int = 2) -> k.Expr:
+                  chunk: _Chunk | None, pos: int | None, nrows: int,
+                  out: list[k.Stmt]) -> k.Expr:
         """A leaf read at two positions of the paired index (its ``axis``), one per half
         of the vector. Two rows of a chunk are one load where they are contiguous, else
         two half loads; one element per row is splatted within its half from a load of
@@ -427,10 +429,13 @@ class _Gen:
             # the rows' elements side by side (A' of a row-major A): one load of them,
             # spread over the parts
             return k.Spread(k.Load(st.buf, at(0), self.dt, nrows), self.isa.lanes(self.dt))
+        if nrows == 4 and (spread := self.four_rows(r, st, idx, axis, out)) is not None:
+            return spread
         if nrows == 4:
             raise ScheduleError(f"four rows per vector read {r.operand} one element per row "
                                 "only from rows of a quarter vector one after another, "
-                                "or from elements of the four rows side by side")
+                                "from elements of the four rows side by side, or from "
+                                "rows that two vectors hold")
         if part * itemsize(self.dt) > 16:
             # (two broadcasts joined into a 512-bit vector: C = alpha*(A0 + A1)'*B + beta*C,
             # 4 x 8 x 4 f64, ran 0.65x as fast on Zen 5 as four rows per 256-bit FMA)
@@ -438,6 +443,36 @@ class _Gen:
                                 "per row only from a load of both rows")
         return k.Halves(k.Broadcast(k.Load(st.buf, at(0), self.dt), part),
                         k.Broadcast(k.Load(st.buf, at(1), self.dt), part))
+
+    def four_rows(self, r: ix.Read, st: _Storage, idx: list[k.Expr], axis: int,
+                  out: list[k.Stmt]) -> k.Expr | None:
+        """One element of each of four rows, each splatted in its quarter, where the rows
+        follow one another and all four fit two full vectors: the rows loaded once per
+        list of statements (one or two vectors, the last masked), each element one
+        ``Permute`` of them (A 4 x 8 f32 of C = A*B 4 x 8 x 4: A[0..3, k] by one
+        vpermt2ps; gcc's loops do the same). None where they do not fit."""
+        other, lanes = 1 - axis, self.isa.lanes(self.dt)
+        operand = self.p.operand(r.operand)
+        extent = (operand.rows, operand.cols)[other]
+        stride = (st.rs, st.cs)[axis]
+        span = 3 * stride + extent  # the elements from the first row's to the last's end
+        if ((st.rs, st.cs)[other] != 1 or stride < extent or span > 2 * lanes
+                or not isinstance(idx[other], k.Const)
+                or not self.isa.has_op("permute2", self.dt)):
+            return None
+        first = [*idx]
+        first[other] = k.Const(0)
+        start = st.index(first[0], first[1])
+        cached = (r.operand, start, id(out))
+        if cached not in self.columns:
+            loads = [k.Load(st.buf, simplify(start + q * lanes), self.dt, lanes,
+                            None if n == lanes else k.Const(n))
+                     for q, n in enumerate((min(span, lanes), span - lanes)) if n > 0]
+            self.columns[cached] = (out, [self.named(x, out) for x in loads])
+        vectors = self.columns[cached][1]
+        element = int(idx[other].value)
+        lanes_from = tuple(q * stride + element for q in range(4) for _ in range(lanes // 4))
+        return k.Permute(vectors[0], lanes_from, vectors[1] if len(vectors) > 1 else None)
 
     def combine(self, op: str, a: k.Expr, b: k.Expr) -> k.Expr:
         lanes = max(a.lanes, b.lanes)
