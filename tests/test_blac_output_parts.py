@@ -104,11 +104,16 @@ def test_offered_only_for_outputs_a_quarter_or_half_wide():
     assert offered(4, "f32", AVX2) == {"pairs"}
     p = plan("C = A*B", target="avx512", A=M(16, 4, "f32"), B=M(4, 4, "f32"),
              C=M(16, 4, "f32"))
-    # rows of A 7 apart: four rows are not one load
-    spaced = tuple(s.__class__(**{**s.__dict__, "ld": 7}) if s.name == "A" else s
-                   for s in p.specs)
-    with pytest.raises(ScheduleError, match="one after another"):
-        build_module(p.indexed, spaced, (OpSchedule("j", (8, 1), quads=True),), AVX512, "x")
+    # rows of A 7 apart: four rows are not one load, but two vectors hold them (one
+    # permute each); 12 apart they span 40 lanes, more than two vectors
+    def spaced(ld: int) -> tuple:
+        return tuple(s.__class__(**{**s.__dict__, "ld": ld}) if s.name == "A" else s
+                     for s in p.specs)
+
+    quads = (OpSchedule("j", (8, 1), quads=True),)
+    assert nodes_of(build_module(p.indexed, spaced(7), quads, AVX512, "x"), k.Permute)
+    with pytest.raises(ScheduleError, match="rows that two vectors hold"):
+        build_module(p.indexed, spaced(12), quads, AVX512, "x")
     # A 8 x 5 f64: element 4 of a row has no whole group of 4 to load with the next row's,
     # and joining two broadcasts into 512 bits ran 0.65x as fast
     q = plan("C = A*B", target="avx512", A=M(8, 5, "f64"), B=M(5, 4, "f64"),
