@@ -1000,8 +1000,8 @@ def run_series(exe: Path, cases: Sequence[Case], *, target_ms: float = 20.0, rou
     that many runs of the executable, one after another, and each implementation's
     statistics are taken over the rounds of all of them: a call of about a nanosecond
     runs at one speed for a whole process and may run at another in the next (C = A*B 2
-    x 2 x 2 f32 on Zen 5: 1.17-1.21 ns in every round of one run, 0.95-1.08 in six runs
-    after it; the loops 0.93-1.04 in all)."""
+    x 2 x 2 f32 on Zen 5: 1.17-1.21 ns in every round of one run, medians of 0.99-1.08 in
+    six runs after it; the loops 0.93-1.04 in all)."""
     env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")
     meta = {c.cid: c.meta() for c in cases}
     merged: dict[tuple[str, str], dict] = {}

@@ -249,9 +249,12 @@ class _Gen:
         #: an output index: operands that do not depend on it may be read on the lanes
         #: at a stride, gathered (``OpSchedule.tail_sums``, for the rows of a block)
         self.gathered_without = gathered_without
-        #: columns of operands read down their short rows (``read_column``), by operand,
-        #: chunk and the list of statements that declares them
-        self.columns: dict[tuple[str, _Chunk, int], tuple[list[k.Stmt], list[k.Expr]]] = {}
+        #: vectors made once per list of statements, by operand, what they cover (a
+        #: chunk, or where four rows start) and the list that declares them: columns of
+        #: operands read down their short rows (``read_column``), and four rows loaded
+        #: for their permutes (``four_rows``)
+        self.columns: dict[tuple[str, _Chunk | k.Expr, int],
+                           tuple[list[k.Stmt], list[k.Expr]]] = {}
         #: sums whose terms went into the parts of vectors (``OpSchedule.folds``)
         self.folds = 0
 

@@ -8,10 +8,10 @@ k-masked moves), not even with nothing stored between them: the 3 x 3 kernel ran
 lowering names each repeated masked load once, before the first statement that reads
 it, and the statements read the variable.
 
-Only AVX2's masked loads are shared. AVX-512's k-masked loads, shared, ran as fast as
-before over LGen's 59 kernels that repeat one (geomean 1.001x; C = A*B 2 x 2 x 2 f32
-1.10 -> 1.19 ns, y = A*x 4 x 100 f32 0.97x), where AVX2's y = A*x and
-y = alpha*A*x + beta*B*x, 3 x 3 and 7 x 7 f32, ran 1.05-1.10x as fast.
+Only AVX2's masked loads are shared. AVX-512's k-masked loads, shared, ran no faster
+over the 55 AVX-512 LGen kernels that repeat one (geomean 0.995x, 0.93-1.03x; C = A*B
+2 x 2 x 2 f32 1.10 -> 1.19 ns), where AVX2's y = A*x and y = alpha*A*x + beta*B*x,
+3 x 3 and 7 x 7 f32, ran 1.05-1.10x as fast.
 
 Only loads from buffers the kernel never writes are shared (inputs: nothing between two
 reads can change them), and only where the index reads no variable that a statement
@@ -21,6 +21,7 @@ handled on its own: a load inside a loop is not moved out of it.
 
 from __future__ import annotations
 
+import itertools
 from collections import Counter
 from dataclasses import replace
 
@@ -42,7 +43,7 @@ def share_masked_loads(body: tuple[k.Stmt, ...], isa: Isa) -> tuple[k.Stmt, ...]
                | {r.buf for r in nodes_of(body, k.Ref)})
     reassigned = {s.var.name for s in nodes_of(body, k.Assign)}
     taken = names_used(body)
-    counter = iter(range(1, 1 << 30))
+    counter = itertools.count(1)
 
     def fresh() -> str:
         while (name := f"{PREFIX}{next(counter)}") in taken:
