@@ -37,6 +37,7 @@ from .strategy.small import (
     isa_choice_cost,
     options,
     search_pool,
+    split_short_updates,
     wider_gain,
     worth_wider,
 )
@@ -146,12 +147,12 @@ def plan(program: object, *, name: str = "blac_kernel", target: str | Isa | None
             machine = host_target().machine
             costs = [isa_choice_cost(p.module, p.indexed, p.schedule, p.isa, machine)
                      for p in modelled]
-            return modelled[worth_wider(costs, gain=wider_gain(machine))]
+            return _split_updates(modelled[worth_wider(costs, gain=wider_gain(machine))])
         targets = isas  # timed against each other: the call's cost is in the timings
     else:
         isa = _isa(target)
         if search == "model":
-            return _model_plan(typed, specs, isa, candidates, name)
+            return _split_updates(_model_plan(typed, specs, isa, candidates, name))
         targets = (_runnable(isa, "search") if measure_with is None else isa,)
     pool = [c for isa in targets for c in _search_pool(candidates, specs, isa, search, name)]
     # kernels for 'host' are built with all of this machine's instructions (compile)
@@ -188,10 +189,17 @@ def _search_pool(candidates: tuple[ix.Program, ...], specs: tuple[ArgSpec, ...],
             module = build_module(form, specs, schedule, isa, name)
         except ScheduleError:  # each operation's schedule builds, but not this combination
             continue
+        module = split_short_updates(module, form, schedule, isa)
         pool.setdefault(c_backend.render(module, isa), Candidate(isa, form, schedule, module))
         if len(pool) == SEARCH_BUDGET:
             break
     return list(pool.values())
+
+
+def _split_updates(p: Plan) -> Plan:
+    """``p`` with its updates in place split where that pays (``split_short_updates``),
+    once the ISA is chosen: the choice between ISAs was fitted on kernels without."""
+    return replace(p, module=split_short_updates(p.module, p.indexed, p.schedule, p.isa))
 
 
 def _model_plan(typed: TypedProgram, specs: tuple[ArgSpec, ...], isa: Isa,

@@ -95,6 +95,18 @@ def loaded_buffers(node: Any) -> frozenset[str]:
     return frozenset(e.buf for e in nodes_of(node, Load))
 
 
+def map_bodies(s: Any, fn: Callable[[tuple], tuple]) -> Any:
+    """Statement ``s`` with ``fn`` applied to the statement lists it holds (a loop's
+    body, a branch's two)."""
+    from .kernel import For, If
+
+    if isinstance(s, For):
+        return dataclasses.replace(s, body=fn(s.body))
+    if isinstance(s, If):
+        return dataclasses.replace(s, then=fn(s.then), orelse=fn(s.orelse))
+    return s
+
+
 def read_back_buffers(node: Any) -> frozenset[str]:
     """The buffers ``node`` both stores into and loads from: operands it updates,
     temporaries."""

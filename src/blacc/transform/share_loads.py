@@ -23,10 +23,9 @@ from __future__ import annotations
 
 import itertools
 from collections import Counter
-from dataclasses import replace
 
 from ..ir import kernel as k
-from ..ir.walk import names_used, nodes_of, rewrite
+from ..ir.walk import map_bodies, names_used, nodes_of, rewrite
 from ..target.isa import Isa
 
 #: Prefix of the variables that hold shared loads.
@@ -55,7 +54,7 @@ def share_masked_loads(body: tuple[k.Stmt, ...], isa: Isa) -> tuple[k.Stmt, ...]
                 and not (names_used(e.index) | names_used(e.count)) & reassigned)
 
     def in_list(stmts: tuple[k.Stmt, ...]) -> tuple[k.Stmt, ...]:
-        stmts = tuple(_nested(s, in_list) for s in stmts)
+        stmts = tuple(map_bodies(s, in_list) for s in stmts)
         uses = Counter(e for s in stmts if not _has_body(s)
                        for e in nodes_of(s, k.Load) if shareable(e))
         shared = {e: k.Var(fresh(), e.dtype, e.lanes) for e, n in uses.items() if n > 1}
@@ -80,11 +79,3 @@ def share_masked_loads(body: tuple[k.Stmt, ...], isa: Isa) -> tuple[k.Stmt, ...]
 def _has_body(s: k.Stmt) -> bool:
     return isinstance(s, (k.For, k.If))
 
-
-def _nested(s: k.Stmt, fn) -> k.Stmt:
-    """``s`` with ``fn`` applied to the statement lists it holds."""
-    if isinstance(s, k.For):
-        return replace(s, body=fn(s.body))
-    if isinstance(s, k.If):
-        return replace(s, then=fn(s.then), orelse=fn(s.orelse))
-    return s
