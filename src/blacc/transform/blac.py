@@ -56,6 +56,10 @@ the quarters (``k.Spread``), and once the sum is done the parts folded together,
 onto half. Each FMA then does four terms of a row, not one, and each chain of
 dependent FMAs is a quarter as long.
 
+A small matrix updated in place (C = alpha*(A0 + A1)'*B + beta*C, 3 x 3) can instead be
+held flat (``OpSchedule.flat``, ``transform.flat``): its elements in one or two vectors
+in memory order, each operand a term reads permuted into the lanes that need it.
+
     y[i] = sum_k A[i,k] x[k]   (5x9 f64, vector k, block 4)
       ->  acc_0..3 = 0; for k in (0, 4, 8): acc_r = fma(load4(A[r*9+k], count), load4(x[k]), acc_r)
           y[r] = hsum(acc_r)
@@ -73,6 +77,7 @@ from ..ir.dtypes import itemsize
 from ..ir.walk import names_used, nodes_of, rewrite, simplify, substitute
 from ..runtime.signature import ARRAY, ArgSpec
 from ..target.isa import Isa
+from .flat import flat_applies, lower_flat
 from .share_loads import share_masked_loads
 from .sum_lanes import batch_row_sums, index_offset
 
@@ -121,6 +126,10 @@ class OpSchedule:
     #: narrow vector. Full vectors instead of a half or a quarter of one, and a quarter
     #: of the chain of dependent FMAs per accumulator.
     folds: bool = False
+    #: A small matrix output held as one flat vector (or two), lane p its element at
+    #: offset p, each operand a term reads permuted into the lanes that need it
+    #: (``transform.flat``).
+    flat: bool = False
 
     @property
     def rows_per_vector(self) -> int:
@@ -783,6 +792,11 @@ def lower_op(program: ix.Program, op: ix.Op, sched: OpSchedule, isa: Isa,
         raise ScheduleError("terms folded into the parts of vectors take the whole vector; "
                             "it holds no rows, masked tail or columns summed on lanes")
     gen = _Gen(program, op, sched, isa, store, prefix)
+    if sched.flat:
+        if sched != OpSchedule(sched.vector, flat=True):
+            raise ScheduleError("a flat output has no blocks, rows per vector, tails or "
+                                "partial sums")
+        return lower_flat(gen, program, op, isa, store)
     stmts = _lower_op(gen, program, op, sched, isa, store, prefix)
     if sched.folds and not gen.folds:
         raise ScheduleError(f"no sum of {op.out} has terms to fold into the parts of a "
@@ -1441,6 +1455,8 @@ def candidates(program: ix.Program, op: ix.Op, isa: Isa | None = None) -> list[O
             result += _pair_candidates(program, op, isa, v, extent, terms)
             result += _quad_candidates(program, op, isa, v, extent, terms)
             result += _fold_candidates(program, op, isa, v, extent)
+    if isa is not None and flat_applies(program, op, isa):
+        result.append(OpSchedule(op.dims[1], flat=True))
     return result
 
 
