@@ -115,8 +115,9 @@ class _Flat:
         self.out = program.operand(op.out)
         self.layout = layout
         self.lanes = isa.lanes(self.dt)
-        #: operands read by permutes: their first element and the vectors holding them
-        self.held: dict[str, tuple[int, list[k.Var]]] = {}
+        #: what permutes read, by operand name (a read) or node (operands read alike):
+        #: its first element and the vectors holding it
+        self.held: dict[str | ix.Node, tuple[int, list[k.Var]]] = {}
         self.declared: list[k.Stmt] = []
 
     def position(self, p: int) -> tuple[int, int]:
