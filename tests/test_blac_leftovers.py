@@ -51,7 +51,8 @@ def test_partial_pieces_avx2():
 
 def test_plain_moves_stores_always_loads_as_one_move():
     """Loads of a buffer the kernel also stores into (read back) are the stores' pieces,
-    so that each is forwarded from one store; with mask registers they stay masked."""
+    so that each is forwarded from one store; with mask registers loads stay masked but
+    where one narrower vector holds the lanes (2 of 8 f64 a 128-bit load)."""
     for dt, n in WIDTHS:
         for c in range(1, n):
             pieces = AVX2.partial_pieces(dt, n, c)
@@ -59,7 +60,22 @@ def test_plain_moves_stores_always_loads_as_one_move():
             single = len(pieces) == 1
             assert (AVX2.plain_moves("load", dt, n, c) is not None) == single, (dt, n, c)
             assert AVX2.plain_moves("load", dt, n, c, read_back=True) == pieces
-            assert AVX512.plain_moves("load", dt, n, c, read_back=True) is None
+    for dt in ("f32", "f64"):
+        n = AVX512.lanes(dt)
+        for c in range(1, n):
+            for read_back in (False, True):
+                got = AVX512.plain_moves("load", dt, n, c, read_back=read_back)
+                assert got == ((c,) if c in _one_plain_load(dt) else None), (dt, c)
+    assert AVX512.plain_moves("load", "f64", 8, 2) == (2,)
+    assert AVX512.plain_moves("load", "f64", 8, 1) == (1,)  # vmovsd
+    assert AVX512.plain_moves("load", "f32", 16, 8) == (8,)
+    assert AVX512.plain_moves("load", "f32", 16, 12) is None  # 8 + 4: masked
+
+
+def _one_plain_load(dtype: str) -> set[int]:
+    """Counts of the first lanes of an AVX-512 vector that one plain load moves: a
+    narrower vector, or the first lanes of 128 bits by a ``load_first`` template."""
+    return {1, 2, 4, 8} if dtype == "f32" else {1, 2, 4}
 
 
 # ----------------------------------------------------------------------------- one node
@@ -157,18 +173,54 @@ def _update_module(dtype: str, lanes: int, count: int) -> k.Module:
 @pytest.mark.parametrize(("dtype", "lanes", "count"), NODE_CASES)
 def test_a_buffer_read_back_loads_as_it_was_stored(dtype, lanes, count):
     """AVX2 loads the first lanes of a buffer it stores into in the stores' plain pieces;
-    AVX-512 stores them in pieces and loads them masked."""
+    AVX-512 stores them in pieces and loads them masked, or by one plain load where one
+    moves them."""
     module = _update_module(dtype, lanes, count)
     src, ir = c_backend.render(module, AVX2), llvm_backend.render(module, AVX2)
     assert "mask" not in src and "llvm.masked" not in ir, src
     wide = AVX512.lanes(dtype)
     src = c_backend.render(_update_module(dtype, wide, count), AVX512)
-    assert "_mask_storeu_" not in src and "_maskz_loadu_" in src, src
+    plain = count in _one_plain_load(dtype)
+    assert "_mask_storeu_" not in src and ("_maskz_loadu_" in src) != plain, src
     io = np.arange(1, count + 2, dtype=NP[dtype]) / 3  # exactly the lanes read, no slack
     want = io.copy()
     want[1:] *= 2
     interp.run(module, {"io": io})
     np.testing.assert_array_equal(io, want)
+
+
+@pytest.mark.skipif(CC is None, reason="needs a C compiler")
+@pytest.mark.parametrize("dtype", ["f32", "f64"])
+def test_avx512_partial_loads_compiled_against_guard_pages(tmp_path, dtype):
+    """AVX-512: a partial 512-bit load is one plain load zero-extended where one moves
+    its lanes (1, 2 or 4 of 8 f64; 1, 2, 4 or 8 of 16 f32), else masked; every count by gcc
+    (always) and the LLVM JIT, run against guard pages where the CPU has AVX-512."""
+    lanes = AVX512.lanes(dtype)
+    fns = []
+    for count in range(1, lanes):
+        module = _node_module(dtype, lanes, count)
+        src = c_backend.render(module, AVX512)
+        plain = count in _one_plain_load(dtype)
+        assert ("_maskz_loadu_" in src) != plain, (count, src)
+        fns += [(count, "c", _compiled(module, AVX512, tmp_path / f"p{count}")),
+                (count, "llvm", _llvm_function(module, AVX512))]
+    if not NATIVE["avx512"]:
+        pytest.skip("compiled only: this CPU cannot run AVX-512")
+
+    def body() -> None:
+        for count, backend, fn in fns:
+            xv = np.arange(1, count + 2, dtype=NP[dtype]) / 3
+            for side in ("after", "before"):
+                x = guarded_array((1, count + 1), NP[dtype], side=side, fill=xv[None, :])
+                full = np.zeros(lanes, NP[dtype])
+                out = guarded_array((1, lanes + 2), NP[dtype], side=side, fill=SENTINEL)
+                assert fn(x.ctypes.data, full.ctypes.data, out.ctypes.data) == 0
+                want_full, want_out = _expected(dtype, lanes, count, xv)
+                where = f"{backend} {dtype} {lanes} lanes count {count} {side}"
+                np.testing.assert_array_equal(full, want_full, err_msg=where)
+                np.testing.assert_array_equal(out[0], want_out, err_msg=where)
+
+    run_isolated(body)
 
 
 @needs_native

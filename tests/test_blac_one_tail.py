@@ -126,7 +126,8 @@ def test_a_tail_into_an_output_read_back_is_stored_as_plain_pieces(dtype):
     """A masked tail into an output the kernel also reads (C of C = alpha*A*B + beta*C)
     is stored as plain moves of its first lanes, 7 as 4 + 2 + 1: the next call's load of
     a masked store waits for it to reach the cache. Its loads stay masked (one fast
-    instruction), and so do the stores into an output only written."""
+    instruction; one narrower vector would be a plain load), and so do the stores into an
+    output only written."""
     from blacc.backend import c as c_backend
 
     assert AVX512.plain_moves("store", dtype, AVX512.lanes(dtype), 7) is None

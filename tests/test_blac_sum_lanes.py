@@ -4,9 +4,10 @@
   sums NumPy computes;
 * the pass on hand-built statements: which groups it joins, which it must leave alone
   (an output read or written in between, a reassigned accumulator, gaps, rows that
-  differ), and wider accumulators halved first;
-* programs through the planner, compiled and called on guarded operands, the IR
-  checked for the vector stores.
+  differ), and wider accumulators halved first; on AVX-512, a vector's worth of rows
+  a vector long, or of 4 f64 held in pairs, summed from whole vectors;
+* programs through the planner, compiled and called on guarded operands (AVX-512
+  ones where the CPU has it), the IR checked for the vector stores.
 """
 
 from __future__ import annotations
@@ -27,8 +28,9 @@ from blacc.transform.blac import OpSchedule, _sum_pieces, build_module, candidat
 from blacc.transform.index_notation import forms
 from blacc.transform.sum_lanes import batch_row_sums, one_sum
 from guard import run_isolated
+from test_blac_columns import CC, NATIVE, _compiled
 from test_blac_leftovers import _call, _padding_untouched
-from test_blac_pairs import _c_function, needs_native
+from test_blac_pairs import _c_function, check_guarded, needs_native
 from test_blac_programs import NP, assert_matches, make_values, seed_of
 
 M, V, S = blacc.Matrix, blacc.Vector, blacc.Scalar
@@ -180,6 +182,114 @@ def test_pass_sums_rows_held_two_per_vector_at_once(dtype, half):
     mixed = batch_row_sums(tuple(_paired_rows(2 * half, dtype, half, mixed=True)), AVX2)
     assert not any(isinstance(e, k.SumLanes) and e.rows_per_vector == 2
                    for e in nodes_of(mixed, k.SumLanes))
+
+
+@pytest.mark.parametrize("nrows", [8, 12, 16, 20])
+def test_pass_sums_eight_f64_rows_held_in_pairs_on_avx512(nrows):
+    """Rows of 4 f64 two per 512-bit vector: eight at a time from four whole vectors
+    (``blacc_sum8x2_pd``), not four at a time from 256-bit halves; a last four from the
+    halves."""
+    rows = _paired_rows(nrows, "f64", 4)
+    body = batch_row_sums(tuple(rows), AVX512)
+    eights, four = divmod(nrows, 8)
+    assert _stores(body) == [(8 * g, 8) for g in range(eights)] + (
+        [(8 * eights, 4)] if four else [])
+    sums = [s.value.b for s in body if isinstance(s, k.Store)]
+    assert all(x.rows_per_vector == 2 and len(x.xs) == 4 for x in sums[:eights])
+    assert sums[:eights] == [k.SumLanes(tuple(_acc(q, "f64", 8) for q in range(4 * g, 4 * g + 4)))
+                             for g in range(eights)]
+    assert "blacc_sum8x2_pd(" in c_backend.render(_module(body, "f64"), AVX512)
+    params = (k.Param("x", "f64", pointer=True, const=True), k.Param("y", "f64", pointer=True),
+              k.Param("alpha", "f64"))
+    x = (np.arange(4 * nrows) % 5 - 2 + np.arange(4 * nrows) / 16).astype(np.float64)
+    got = []
+    for stmts in (tuple(rows), body):
+        y = np.arange(nrows, dtype=np.float64)
+        module = k.Module((k.Function("f", params, stmts, exported=True),), "f")
+        interp.run(module, {"x": x, "y": y, "alpha": 1.5})
+        got.append(y)
+    np.testing.assert_allclose(got[1], got[0], rtol=1e-12)
+
+
+def _module(body: tuple[k.Stmt, ...], dtype: str) -> k.Module:
+    params = (k.Param("x", dtype, pointer=True, const=True), k.Param("y", dtype, pointer=True),
+              k.Param("alpha", dtype))
+    return k.Module((k.Function("f", params, body, exported=True),), "f")
+
+
+AVX512_SUMS = [("f64", 1, "blacc_sum8x8_pd"), ("f64", 2, "blacc_sum8x2_pd"),
+               ("f32", 1, "blacc_sum16x16_ps"), ("f32", 4, "blacc_sum16x4_ps")]
+
+
+@pytest.mark.skipif(CC is None, reason="needs a C compiler")
+@pytest.mark.parametrize(("dtype", "per", "helper"), AVX512_SUMS)
+def test_sums_of_a_vector_of_rows_compiled_for_avx512(tmp_path, dtype, per, helper):
+    """As many rows as a 512-bit vector has lanes, each a whole vector long or held two
+    (f64) or four (f32) per vector, summed into one vector, compiled by gcc (always) and run where
+    the CPU has AVX-512: out[r] is the sum of row r, and the element after out stays."""
+    n = AVX512.lanes(dtype)
+    module = _node_module(dtype, n, per)
+    assert f"{helper}(" in c_backend.render(module, AVX512)
+    fn = _compiled(module, AVX512, tmp_path / helper)
+    if not NATIVE["avx512"]:
+        pytest.skip("compiled only: this CPU cannot run AVX-512")
+    x, want = _inputs(dtype, n, per)
+    out = np.zeros(n + 1, NP[dtype])
+    assert fn(x.ctypes.data, out.ctypes.data) == 0
+    np.testing.assert_array_equal(out[:n], want)
+    assert out[n] == 0
+    # each row's sum lands in its own lane: rows of one value each
+    x = np.repeat(np.arange(n, dtype=NP[dtype]) + 1, n // per)
+    assert fn(x.ctypes.data, out.ctypes.data) == 0
+    np.testing.assert_array_equal(out[:n], (np.arange(n) + 1) * (n // per))
+
+
+@pytest.mark.parametrize("dtype", ["f32", "f64"])
+def test_pass_sums_a_vector_of_rows_of_full_vectors_on_avx512(dtype):
+    """Rows a 512-bit vector long on AVX-512: a vector's worth at once from whole
+    vectors, not half as many from halves; the rest from halves added."""
+    n = AVX512.lanes(dtype)
+    body = batch_row_sums(tuple(_rows(n, dtype=dtype, lanes=n)), AVX512)
+    assert _stores(body) == [(0, n)]
+    sums = next(s for s in body if isinstance(s, k.Store)).value.b
+    assert sums == k.SumLanes(tuple(_acc(r, dtype, n) for r in range(n)))
+    body = batch_row_sums(tuple(_rows(n + n // 2, dtype=dtype, lanes=n)), AVX512)
+    assert _stores(body) == [(0, n), (n, n // 2)]
+
+
+AVX512_PROGRAMS = [("gesummv", 8, 4, "f64", "blacc_sum8x2_pd"),
+                   ("gesummv", 13, 4, "f64", "blacc_sum8x2_pd"),
+                   ("gesummv", 100, 4, "f64", "blacc_sum8x2_pd"),
+                   ("gemv", 24, 4, "f64", "blacc_sum8x2_pd"),
+                   ("smv", 19, 4, "f64", "blacc_sum8x2_pd"),
+                   ("smv", 9, 8, "f64", "blacc_sum8x8_pd"),
+                   ("gesummv", 10, 10, "f64", "blacc_sum8x8_pd"),
+                   ("smv", 32, 16, "f32", "blacc_sum16x16_ps"),
+                   ("gemv", 19, 16, "f32", "blacc_sum16x16_ps")]
+
+
+@pytest.mark.skipif(CC is None, reason="needs a C compiler")
+@pytest.mark.parametrize(("name", "m", "n", "dtype", "helper"), AVX512_PROGRAMS,
+                         ids=[f"{a}-{m}x{n}-{d}" for a, m, n, d, _ in AVX512_PROGRAMS])
+def test_rows_summed_a_vector_at_once_against_guard_pages_on_avx512(tmp_path, name, m, n,
+                                                                      dtype, helper):
+    """y = A*x-shaped programs with A m x n planned for AVX-512 whose rows are summed a
+    vector's worth at once (rows of 4 f64 held in pairs, rows of 8 f64 or 16 f32 a
+    vector each); compiled (always) and run against guard pages where the CPU has
+    AVX-512."""
+    source = {"gesummv": "y = alpha*A*x + beta*B*x", "gemv": "y = alpha*A*x + beta*y",
+              "smv": "y = A*x"}[name]
+    decls = {o: d for o, d in dict(A=M(m, n, dtype), B=M(m, n, dtype), x=V(n, dtype),
+                                   y=V(m, dtype), alpha=S(dtype), beta=S(dtype)).items()
+             if o in source}
+    p = plan(source, target="avx512", **decls)
+    module = build_module(p.indexed, p.specs, p.schedule, AVX512, "pk")
+    assert f"{helper}(" in c_backend.render(module, AVX512), p.schedule
+    fn = _compiled(module, AVX512, tmp_path / "pk")
+    if not NATIVE["avx512"]:
+        pytest.skip("compiled only: this CPU cannot run AVX-512")
+    values = make_values(decls, dtype, np.random.default_rng(seed_of("p8", name, m, n)))
+    check_guarded([(p.schedule, "c", fn)], p, values, f"{name} {m}x{n} {dtype}")
 
 
 @pytest.mark.parametrize("breaker", ["reads y", "writes y", "reassigns", "gap", "differs",

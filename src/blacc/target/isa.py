@@ -107,7 +107,8 @@ class Isa:
         """``partial_pieces`` where they beat one masked move of ``kind`` ('load' or
         'store'): always for stores (an AVX2 masked store is microcoded on AMD cores,
         about 12 cycles), for loads only as one move (a masked load is one fast
-        instruction; joining pieces costs shuffles: 3 of 4 f32 measured 20% slower).
+        instruction; joining pieces costs shuffles: 3 of 4 f32 measured 20% slower), and
+        with mask registers only as one whole narrower vector.
         A buffer the kernel both stores into and loads from (``read_back``: an operand it
         updates, a temporary) is also loaded in pieces without mask registers, as it was
         stored, so that each load is forwarded from one store: C = alpha*(A0 + A1)'*B +
@@ -125,14 +126,17 @@ class Isa:
             return None
         if kind == "store":
             return pieces if read_back or not self.mask_registers else None
-        if self.mask_registers:
-            return None
-        if read_back and self._loads_first(dtype, lanes, count):
-            return pieces  # as they were stored, so that each load is forwarded
         vectors = self.widths(dtype)[:-1]
         one = len(pieces) == 1 and (pieces[0] in vectors
                                     or (f"load_first{count}", f"{dtype}x{vectors[-1]}")
                                     in self.ops)
+        if self.mask_registers:
+            # one plain load zero-extended, not a masked one: y = A*x 10 x 10 f64 (rows
+            # as 8 + 2 lanes) ran 5.32 ns a call with twenty masked 512-bit loads of two
+            # lanes and 4.34 with 128-bit ones (Zen 5, the LGen harness)
+            return pieces if one else None
+        if read_back and self._loads_first(dtype, lanes, count):
+            return pieces  # as they were stored, so that each load is forwarded
         return pieces if one else None
 
     def _loads_first(self, dtype: str, lanes: int, count: int) -> bool:
@@ -414,6 +418,14 @@ def _avx512_ops() -> dict[tuple[str, str], str]:
         ("sum_lanes", "f32x8"): ("blacc_sum8x8_ps({x0}, {x1}, {x2}, {x3}, {x4}, {x5}, {x6}, "
                                  "{x7})"),
         ("sum_lanes", "f64x4"): "blacc_sum4x4_pd({x0}, {x1}, {x2}, {x3})",
+        # a vector's worth of rows a whole vector long summed at once, not half as many
+        # at a time from their halves added; and of rows of 4 f64 held two per vector
+        # (``OpSchedule.pairs``), not from the 256-bit halves
+        ("sum_lanes", "f64"): ("blacc_sum8x8_pd({x0}, {x1}, {x2}, {x3}, {x4}, {x5}, {x6}, "
+                               "{x7})"),
+        ("sum_lanes", "f32"): "blacc_sum16x16_ps({})".format(
+            ", ".join(f"{{x{i}}}" for i in range(16))),
+        ("sum_halves", "f64"): "blacc_sum8x2_pd({x0}, {x1}, {x2}, {x3})",
         # rows of 4 f64 held two per vector (``OpSchedule.pairs``): two 256-bit halves
         # joined or one duplicated from memory, and lane i splatted within each half
         # (vpermpd with an immediate permutes the halves alike)
@@ -467,11 +479,13 @@ def _avx512_ops() -> dict[tuple[str, str], str]:
         ("half_lo", "f64x4"): "_mm256_castpd256_pd128({x})",
         ("half_hi", "f64x4"): "_mm256_extractf128_pd({x}, 1)",
     })
-    # plain stores of a leftover's first lanes into a buffer read back (``plain_moves``):
-    # the halves, then AVX2's stores of the first lanes of 128 bits; the zero-extensions
-    # are what ``partial_pieces`` asks of a width split in halves
+    # plain stores of a leftover's first lanes into a buffer read back, and plain loads
+    # of one piece (``plain_moves``): the halves, then AVX2's moves of the first lanes of
+    # 128 bits; the zero-extensions are what ``partial_pieces`` asks of a width split in
+    # halves
     ops.update({key: op for key, op in _avx2_ops().items()
-                if key[1] in ("f32x4", "f64x2") and key[0].startswith("store_first")})
+                if key[1] in ("f32x4", "f64x2") and key[0].startswith(("store_first",
+                                                                         "load_first"))})
     ops.update({
         ("zext", "f32"): "_mm512_zextps256_ps512({x})",
         ("zext", "f64"): "_mm512_zextpd256_pd512({x})",
@@ -488,6 +502,68 @@ _AVX512_PRELUDE = {
 }""",
     # quarter q of a (b, c, d) holds row q (4 + q, ...): transposed and added within the
     # quarters, lane 4q + r holds row 4r + q; one permute puts row j in lane j
+    # a = [row 0 | row 1], b = [2 | 3], c, d: unpacks and adds leave in ab sums of two
+    # elements of rows 0-3 (per 128-bit lane: r0 k01, r2 k01 | r0 k23, r2 k23 | r1 k01,
+    # r3 k01 | r1 k23, r3 k23), in cd of rows 4-7; one two-source permute gathers the
+    # first pairs in row order, another the second pairs, and one add finishes: nine
+    # instructions for eight rows, where two sums of four from the 256-bit halves took
+    # twenty-two (Zen 5, y = alpha*A*x + beta*B*x with A n x 4 f64: n = 32 12.1 -> 8.1
+    # ns, n = 100 31.0 -> 20.3 in the LGen harness)
+    "blacc_sum8x2_pd": """static inline __m512d blacc_sum8x2_pd(__m512d a, __m512d b, __m512d c,
+                                      __m512d d) {
+    __m512d ab = _mm512_add_pd(_mm512_unpacklo_pd(a, b), _mm512_unpackhi_pd(a, b));
+    __m512d cd = _mm512_add_pd(_mm512_unpacklo_pd(c, d), _mm512_unpackhi_pd(c, d));
+    return _mm512_add_pd(
+        _mm512_permutex2var_pd(ab, _mm512_setr_epi64(0, 4, 1, 5, 8, 12, 9, 13), cd),
+        _mm512_permutex2var_pd(ab, _mm512_setr_epi64(2, 6, 3, 7, 10, 14, 11, 15), cd));
+}""",
+    # rows a..h of 8 f64: unpacks and adds leave in ab the sums of two elements of rows a
+    # and b in each 128-bit lane; 128-bit lanes exchanged between ab and cd and added
+    # leave sums of four (a0123 b0123 a4567 b4567 c0123 ...); two two-source permutes
+    # and an add finish: 21 instructions for eight rows, where two sums of four from
+    # halves added took 34
+    "blacc_sum8x8_pd": """static inline __m512d blacc_sum8x8_pd(__m512d a, __m512d b, __m512d c,
+                                      __m512d d, __m512d e, __m512d f,
+                                      __m512d g, __m512d h) {
+    __m512d ab = _mm512_add_pd(_mm512_unpacklo_pd(a, b), _mm512_unpackhi_pd(a, b));
+    __m512d cd = _mm512_add_pd(_mm512_unpacklo_pd(c, d), _mm512_unpackhi_pd(c, d));
+    __m512d ef = _mm512_add_pd(_mm512_unpacklo_pd(e, f), _mm512_unpackhi_pd(e, f));
+    __m512d gh = _mm512_add_pd(_mm512_unpacklo_pd(g, h), _mm512_unpackhi_pd(g, h));
+    __m512d abcd = _mm512_add_pd(_mm512_shuffle_f64x2(ab, cd, 0x88),
+                                 _mm512_shuffle_f64x2(ab, cd, 0xDD));
+    __m512d efgh = _mm512_add_pd(_mm512_shuffle_f64x2(ef, gh, 0x88),
+                                 _mm512_shuffle_f64x2(ef, gh, 0xDD));
+    return _mm512_add_pd(
+        _mm512_permutex2var_pd(abcd, _mm512_setr_epi64(0, 1, 4, 5, 8, 9, 12, 13), efgh),
+        _mm512_permutex2var_pd(abcd, _mm512_setr_epi64(2, 3, 6, 7, 10, 11, 14, 15), efgh));
+}""",
+    # four rows of 16 f32: within the 128-bit lanes, unpacks and adds, then shuffles and
+    # adds leave in lane l the sums of each row's quarter l (a_l, b_l, c_l, d_l)
+    "blacc_sum4x4x4_ps": """static inline __m512 blacc_sum4x4x4_ps(__m512 a, __m512 b, __m512 c,
+                                       __m512 d) {
+    __m512 ab = _mm512_add_ps(_mm512_unpacklo_ps(a, b), _mm512_unpackhi_ps(a, b));
+    __m512 cd = _mm512_add_ps(_mm512_unpacklo_ps(c, d), _mm512_unpackhi_ps(c, d));
+    return _mm512_add_ps(_mm512_shuffle_ps(ab, cd, 0x44), _mm512_shuffle_ps(ab, cd, 0xEE));
+}""",
+    # lanes 0 + 1 and 2 + 3 of x, then of y
+    "blacc_lanes_added_ps": """static inline __m512 blacc_lanes_added_ps(__m512 x, __m512 y) {
+    return _mm512_add_ps(_mm512_shuffle_f32x4(x, y, 0x88), _mm512_shuffle_f32x4(x, y, 0xDD));
+}""",
+    # rows a..p of 16 f32: quarter sums of four rows at a time, 128-bit lanes exchanged
+    # and added twice (45 instructions for sixteen rows, where two sums of eight from
+    # halves added take 74)
+    "blacc_sum16x16_ps": """static inline __m512 blacc_sum16x16_ps(__m512 a, __m512 b, __m512 c,
+                                       __m512 d, __m512 e, __m512 f,
+                                       __m512 g, __m512 h, __m512 i,
+                                       __m512 j, __m512 k, __m512 l,
+                                       __m512 m, __m512 n, __m512 o,
+                                       __m512 p) {
+    __m512 ah = blacc_lanes_added_ps(blacc_sum4x4x4_ps(a, b, c, d),
+                                     blacc_sum4x4x4_ps(e, f, g, h));
+    __m512 ip = blacc_lanes_added_ps(blacc_sum4x4x4_ps(i, j, k, l),
+                                     blacc_sum4x4x4_ps(m, n, o, p));
+    return blacc_lanes_added_ps(ah, ip);
+}""",
     "blacc_sum16x4_ps": """static inline __m512 blacc_sum16x4_ps(__m512 a, __m512 b, __m512 c,
                                       __m512 d) {
     __m512 ab = _mm512_add_ps(_mm512_unpacklo_ps(a, b), _mm512_unpackhi_ps(a, b));
