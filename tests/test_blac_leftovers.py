@@ -137,12 +137,10 @@ def _every_count_compiled(tmp_path, make, dtype: str, lanes: int) -> list:
     return fns
 
 
-@needs_native
-@pytest.mark.parametrize(("dtype", "lanes"), WIDTHS)
-def test_partial_nodes_compiled_against_guard_pages(tmp_path, dtype, lanes):
-    """Every count, gcc and the LLVM JIT: x ends at a guard page one element after the
-    last lane read, and out is surrounded by sentinels and guard pages."""
-    fns = _every_count_compiled(tmp_path, _node_module, dtype, lanes)
+def _check_partial_nodes_guarded(fns: list, dtype: str, lanes: int) -> None:
+    """Call each (count, backend, function) of ``_node_module`` with x ending at a guard
+    page one element after the last lane read (or starting one before the first), and
+    out surrounded by sentinels and guard pages, in a child process."""
 
     def body() -> None:
         for count, backend, fn in fns:
@@ -158,6 +156,15 @@ def test_partial_nodes_compiled_against_guard_pages(tmp_path, dtype, lanes):
                 np.testing.assert_array_equal(out[0], want_out, err_msg=where)
 
     run_isolated(body)
+
+
+@needs_native
+@pytest.mark.parametrize(("dtype", "lanes"), WIDTHS)
+def test_partial_nodes_compiled_against_guard_pages(tmp_path, dtype, lanes):
+    """Every count, gcc and the LLVM JIT: x ends at a guard page one element after the
+    last lane read, and out is surrounded by sentinels and guard pages."""
+    fns = _every_count_compiled(tmp_path, _node_module, dtype, lanes)
+    _check_partial_nodes_guarded(fns, dtype, lanes)
 
 
 def _update_module(dtype: str, lanes: int, count: int) -> k.Module:
@@ -206,21 +213,7 @@ def test_avx512_partial_loads_compiled_against_guard_pages(tmp_path, dtype):
                 (count, "llvm", _llvm_function(module, AVX512))]
     if not NATIVE["avx512"]:
         pytest.skip("compiled only: this CPU cannot run AVX-512")
-
-    def body() -> None:
-        for count, backend, fn in fns:
-            xv = np.arange(1, count + 2, dtype=NP[dtype]) / 3
-            for side in ("after", "before"):
-                x = guarded_array((1, count + 1), NP[dtype], side=side, fill=xv[None, :])
-                full = np.zeros(lanes, NP[dtype])
-                out = guarded_array((1, lanes + 2), NP[dtype], side=side, fill=SENTINEL)
-                assert fn(x.ctypes.data, full.ctypes.data, out.ctypes.data) == 0
-                want_full, want_out = _expected(dtype, lanes, count, xv)
-                where = f"{backend} {dtype} {lanes} lanes count {count} {side}"
-                np.testing.assert_array_equal(full, want_full, err_msg=where)
-                np.testing.assert_array_equal(out[0], want_out, err_msg=where)
-
-    run_isolated(body)
+    _check_partial_nodes_guarded(fns, dtype, lanes)
 
 
 @needs_native
