@@ -107,15 +107,16 @@ class Isa:
         """``partial_pieces`` where they beat one masked move of ``kind`` ('load' or
         'store'): always for stores (an AVX2 masked store is microcoded on AMD cores,
         about 12 cycles), for loads only as one move (a masked load is one fast
-        instruction; joining pieces costs shuffles: 3 of 4 f32 measured 20% slower), and
-        with mask registers only as one whole narrower vector.
+        instruction; joining pieces costs shuffles: 3 of 4 f32 measured 20% slower), with
+        mask registers too.
         A buffer the kernel both stores into and loads from (``read_back``: an operand it
         updates, a temporary) is also loaded in pieces without mask registers, as it was
         stored, so that each load is forwarded from one store: C = alpha*(A0 + A1)'*B +
         beta*C, 3 x 3 x 3 f32 with AVX2 on Zen 5, 6.2 ns a call with masked loads of C,
         4.7 with 2 + 1. With mask registers (AVX-512) a masked store is one fast
         instruction too, but a load of what it wrote is not forwarded and waits for it to
-        reach the cache: such a buffer is stored in plain pieces, and loaded masked. 7 x 7
+        reach the cache: such a buffer is stored in plain pieces, and loaded masked (or
+        by one plain move, as any buffer). 7 x 7
         x 7 f64 with rows of C as masked vectors: 48.1 ns with masked stores, 15.5 with
         4 + 2 + 1 (AVX2's plan, three vectors a row, 30.9); loaded in pieces joined, 0.94x
         as fast. None for a count not known when the code is generated (``count`` None)."""
@@ -500,8 +501,6 @@ _AVX512_PRELUDE = {
     "blacc_first_lanes": """static inline unsigned blacc_first_lanes(long count, int lanes) {
     return count <= 0 ? 0u : count >= lanes ? (1u << lanes) - 1u : (1u << count) - 1u;
 }""",
-    # quarter q of a (b, c, d) holds row q (4 + q, ...): transposed and added within the
-    # quarters, lane 4q + r holds row 4r + q; one permute puts row j in lane j
     # a = [row 0 | row 1], b = [2 | 3], c, d: unpacks and adds leave in ab sums of two
     # elements of rows 0-3 (per 128-bit lane: r0 k01, r2 k01 | r0 k23, r2 k23 | r1 k01,
     # r3 k01 | r1 k23, r3 k23), in cd of rows 4-7; one two-source permute gathers the
@@ -564,6 +563,8 @@ _AVX512_PRELUDE = {
                                      blacc_sum4x4x4_ps(m, n, o, p));
     return blacc_lanes_added_ps(ah, ip);
 }""",
+    # quarter q of a (b, c, d) holds row q (4 + q, ...): transposed and added within the
+    # quarters, lane 4q + r holds row 4r + q; one permute puts row j in lane j
     "blacc_sum16x4_ps": """static inline __m512 blacc_sum16x4_ps(__m512 a, __m512 b, __m512 c,
                                       __m512 d) {
     __m512 ab = _mm512_add_ps(_mm512_unpacklo_ps(a, b), _mm512_unpackhi_ps(a, b));
