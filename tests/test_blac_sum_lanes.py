@@ -184,6 +184,13 @@ def test_pass_sums_rows_held_two_per_vector_at_once(dtype, half):
                    for e in nodes_of(mixed, k.SumLanes))
 
 
+def _module(body: tuple[k.Stmt, ...], dtype: str) -> k.Module:
+    """f(x, y, alpha) running ``body``."""
+    params = (k.Param("x", dtype, pointer=True, const=True), k.Param("y", dtype, pointer=True),
+              k.Param("alpha", dtype))
+    return k.Module((k.Function("f", params, body, exported=True),), "f")
+
+
 @pytest.mark.parametrize("nrows", [8, 12, 16, 20])
 def test_pass_sums_eight_f64_rows_held_in_pairs_on_avx512(nrows):
     """Rows of 4 f64 two per 512-bit vector: eight at a time from four whole vectors
@@ -199,22 +206,13 @@ def test_pass_sums_eight_f64_rows_held_in_pairs_on_avx512(nrows):
     assert sums[:eights] == [k.SumLanes(tuple(_acc(q, "f64", 8) for q in range(4 * g, 4 * g + 4)))
                              for g in range(eights)]
     assert "blacc_sum8x2_pd(" in c_backend.render(_module(body, "f64"), AVX512)
-    params = (k.Param("x", "f64", pointer=True, const=True), k.Param("y", "f64", pointer=True),
-              k.Param("alpha", "f64"))
     x = (np.arange(4 * nrows) % 5 - 2 + np.arange(4 * nrows) / 16).astype(np.float64)
     got = []
     for stmts in (tuple(rows), body):
         y = np.arange(nrows, dtype=np.float64)
-        module = k.Module((k.Function("f", params, stmts, exported=True),), "f")
-        interp.run(module, {"x": x, "y": y, "alpha": 1.5})
+        interp.run(_module(stmts, "f64"), {"x": x, "y": y, "alpha": 1.5})
         got.append(y)
     np.testing.assert_allclose(got[1], got[0], rtol=1e-12)
-
-
-def _module(body: tuple[k.Stmt, ...], dtype: str) -> k.Module:
-    params = (k.Param("x", dtype, pointer=True, const=True), k.Param("y", dtype, pointer=True),
-              k.Param("alpha", dtype))
-    return k.Module((k.Function("f", params, body, exported=True),), "f")
 
 
 AVX512_SUMS = [("f64", 1, "blacc_sum8x8_pd"), ("f64", 2, "blacc_sum8x2_pd"),

@@ -564,14 +564,13 @@ _AVX512_PRELUDE = {
     return blacc_lanes_added_ps(ah, ip);
 }""",
     # quarter q of a (b, c, d) holds row q (4 + q, ...): transposed and added within the
-    # quarters, lane 4q + r holds row 4r + q; one permute puts row j in lane j
+    # quarters (blacc_sum4x4x4_ps), lane 4q + r holds row 4r + q; one permute puts row j
+    # in lane j
     "blacc_sum16x4_ps": """static inline __m512 blacc_sum16x4_ps(__m512 a, __m512 b, __m512 c,
                                       __m512 d) {
-    __m512 ab = _mm512_add_ps(_mm512_unpacklo_ps(a, b), _mm512_unpackhi_ps(a, b));
-    __m512 cd = _mm512_add_ps(_mm512_unpacklo_ps(c, d), _mm512_unpackhi_ps(c, d));
-    __m512 s = _mm512_add_ps(_mm512_shuffle_ps(ab, cd, 0x44), _mm512_shuffle_ps(ab, cd, 0xEE));
     return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14,
-                                                   3, 7, 11, 15), s);
+                                                   3, 7, 11, 15),
+                                 blacc_sum4x4x4_ps(a, b, c, d));
 }""",
 }
 
