@@ -82,6 +82,10 @@ def test_tiny_case_builds_runs_and_verifies(tmp_path):
         # three rounds from two runs (2 + 1), their statistics over all three
         assert r["rounds"] == 3 and len(r["t_ns"]) == 3
         assert r["median_ns"] == sorted(r["t_ns"])[1] and r["best_ns"] == min(r["t_ns"])
+    # every array ending where an inaccessible page begins: nothing reads or writes past
+    # an array (the run would fault), and the results verify
+    rows = harness.run_series(exe, cases, target_ms=0.2, rounds=1, page_ends=True)
+    assert {r["impl"] for r in rows if r.get("verified")} == {"blacc", "loops"}
 
 
 def test_runs_of_a_series_are_merged():

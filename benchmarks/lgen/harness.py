@@ -410,6 +410,7 @@ HARNESS_PRELUDE = r"""
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
 #if HAVE_OPENBLAS
 #include <cblas.h>
@@ -422,6 +423,9 @@ HARNESS_PRELUDE = r"""
 static double TARGET_S = 0.02;   /* one batch of calls lasts at least this long */
 static int ROUNDS = 7;           /* batches per implementation, interleaved */
 static const char *ONLY = NULL;  /* run only cases whose id contains this */
+/* "--page-ends": every array ends where a page that cannot be accessed begins, in
+   every round (place_end), instead of at the round's offset (place_offset) */
+static int PAGE_ENDS = 0;
 /* CPU time of this thread by default: on a shared machine, time spent descheduled is not
    the kernel's; "--clock wall" uses CLOCK_MONOTONIC instead. */
 static clockid_t CLOCK = CLOCK_THREAD_CPUTIME_ID;
@@ -457,6 +461,18 @@ static size_t place_offset(int round, int array) {
        only where the first one sits, differ from round to round */
     unsigned r = (unsigned)round, a = (unsigned)array;
     return (size_t)((a * (2u * r + 1u) * 23u + r * 37u) % 64u) * 64u;
+}
+
+/* An array's end at the start of the last page of its slot, made inaccessible: a masked
+   move whose masked-off lanes reach past the array costs a microcode assist there
+   (about 140 ns on Zen 5; benchmarks/lgen/README.md), and any move that reads or
+   writes past it faults. */
+static void guard_slot_ends(unsigned char *arena, const size_t *ends, int n, int prot) {
+    for (int j = 0; j < n; j++)
+        if (mprotect(arena + ends[j], 4096, prot)) {
+            perror("mprotect");
+            exit(2);
+        }
 }
 
 static void *page_alloc(size_t bytes) {
@@ -585,13 +601,16 @@ def _case_block(c: Case, impls: Sequence[str], blacc_call: tuple[str, list[str]]
         if o.written:
             L(f"    memcpy({cid}_{o.name}, {cid}_{o.name}_init, sizeof({T}) * {o.size});")
     L("}")
-    # placement: each array in pages of its own, at the round's offset; inputs copied
-    # from their sources (outputs are restored before every batch)
+    # placement: each array in pages of its own, at the round's offset or (--page-ends)
+    # ending where the last page of its slot begins; inputs copied from their sources
+    # (outputs are restored before every batch)
     slot = [(-(-(o.size * SIZEOF[c.dtype]) // 4096) + 1) * 4096 for o in ops]
+    ends = [sum(slot[:j + 1]) - 4096 for j in range(len(ops))]
+    L(f"static const size_t {cid}_ends[] = {{{', '.join(map(str, ends))}}};")
     L(f"static void {cid}_place(int round) {{")
     for j, o in enumerate(ops):
-        L(f"    {cid}_{o.name} = ({T} *)({cid}_arena + {sum(slot[:j])}"
-          f" + place_offset(round, {j}));")
+        L(f"    {cid}_{o.name} = ({T} *)({cid}_arena + (PAGE_ENDS ? {ends[j]}"
+          f" - sizeof({T}) * {o.size} : {sum(slot[:j])} + place_offset(round, {j})));")
         if not o.written:
             L(f"    memcpy({cid}_{o.name}, {cid}_{o.name}_src, sizeof({T}) * {o.size});")
     L("}")
@@ -644,6 +663,7 @@ def _case_block(c: Case, impls: Sequence[str], blacc_call: tuple[str, list[str]]
     L(f"static void case_{cid}(void) {{")
     L(f'    if (ONLY && !strstr("{cid}", ONLY)) return;')
     L(f"    {cid}_arena = page_alloc({sum(slot)});")
+    L(f"    if (PAGE_ENDS) guard_slot_ends({cid}_arena, {cid}_ends, {len(ops)}, PROT_NONE);")
     for o in ops:
         if not o.written:
             L(f"    {cid}_{o.name}_src = xalloc(sizeof({T}) * {o.size});")
@@ -711,6 +731,8 @@ def _case_block(c: Case, impls: Sequence[str], blacc_call: tuple[str, list[str]]
     L("    };")
     L(f'    bench("{cid}", im, (int)(sizeof im / sizeof im[0]), {cid}_restore, {cid}_check,'
       f' {cid}_place);')
+    L(f"    if (PAGE_ENDS) guard_slot_ends({cid}_arena, {cid}_ends, {len(ops)},"
+      f" PROT_READ | PROT_WRITE);")
     L(f"    free({cid}_arena);")
     for o in ops:
         if not o.written:
@@ -745,6 +767,7 @@ def harness_source(series: Series) -> str:
             '        else if (!strcmp(argv[i], "--rounds") && i + 1 < argc)'
             " ROUNDS = atoi(argv[++i]);",
             '        else if (!strcmp(argv[i], "--only") && i + 1 < argc) ONLY = argv[++i];',
+            '        else if (!strcmp(argv[i], "--page-ends")) PAGE_ENDS = 1;',
             '        else if (!strcmp(argv[i], "--clock") && i + 1 < argc)'
             ' CLOCK = strcmp(argv[++i], "wall") ? CLOCK_THREAD_CPUTIME_ID : CLOCK_MONOTONIC;',
             "    }",
@@ -994,7 +1017,7 @@ def build_series(name: str, cases: list[Case], impls: Sequence[str], tc: Toolcha
 
 def run_series(exe: Path, cases: Sequence[Case], *, target_ms: float = 20.0, rounds: int = 7,
                clock: str = "cpu", timeout: float | None = None,
-               processes: int = 1) -> list[dict]:
+               processes: int = 1, page_ends: bool = False) -> list[dict]:
     """Run a built series; return one dict per (case, implementation) with the case's
     metadata and the derived GFLOPS. With ``processes`` > 1 the rounds are split over
     that many runs of the executable, one after another, and each implementation's
@@ -1007,7 +1030,7 @@ def run_series(exe: Path, cases: Sequence[Case], *, target_ms: float = 20.0, rou
     merged: dict[tuple[str, str], dict] = {}
     for share in _split(rounds, processes):
         r = subprocess.run([str(exe), "--target-ms", str(target_ms), "--rounds", str(share),
-                            "--clock", clock],
+                            "--clock", clock, *(["--page-ends"] if page_ends else [])],
                            capture_output=True, text=True, env=env, timeout=timeout)
         if r.returncode != 0:
             raise RuntimeError(f"{exe} exited {r.returncode}:\n{r.stderr[-4000:]}")

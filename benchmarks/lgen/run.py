@@ -63,6 +63,11 @@ def parse_args(argv=None) -> argparse.Namespace:
                     "whole process and at another in the next)")
     ap.add_argument("--clock", choices=("cpu", "wall"), default="cpu",
                     help="thread CPU time (default; robust on a shared machine) or wall time")
+    ap.add_argument("--placement", choices=("offsets", "page-ends"), default="offsets",
+                    help="where each round puts the arrays: in pages of their own at "
+                    "offsets that change from round to round (default), or each ending "
+                    "where an inaccessible page begins, where a masked move reaching past "
+                    "an array's end takes a microcode assist")
     ap.add_argument("--jobs", type=int, default=h.cpu_count(), help="parallel compiles")
     ap.add_argument("--search", choices=("model", "exhaustive", "random"), default="model",
                     help="blacc.emit's schedule search (the measuring ones time candidate "
@@ -201,6 +206,8 @@ def markdown(summary: list[dict], aims: dict, info: dict, config: dict,
              f"{config['rounds']} batches per implementation interleaved"
              + (f", over {config['processes']} runs of each series"
                 if config.get("processes", 1) > 1 else "")
+             + ("; every array ending where an inaccessible page begins (--placement "
+                "page-ends)" if config.get("placement") == "page-ends" else "")
              + "; GFLOPS from the "
              "median time per call, f/c = GFLOPS / clock. Every implementation was verified "
              "against float64 loops before timing. blacc's schedules: "
@@ -448,7 +455,8 @@ def main(argv=None) -> int:
             tb = time.time() - t1
             try:
                 got = h.run_series(exe, cs, target_ms=args.target_ms, rounds=rounds,
-                                   clock=args.clock, processes=args.processes)
+                                   clock=args.clock, processes=args.processes,
+                                   page_ends=args.placement == "page-ends")
             except RuntimeError as e:
                 log(f"[{i}/{len(groups)}] {name}: RUN FAILED\n{e}")
                 continue
@@ -467,7 +475,8 @@ def main(argv=None) -> int:
     aims = check_aims(summary)
     config = {"quick": args.quick, "dtypes": dtypes, "cases": args.cases, "impls": impls,
               "target_ms": args.target_ms, "rounds": rounds, "clock": args.clock,
-              "processes": args.processes, "search": args.search}
+              "processes": args.processes, "search": args.search,
+              "placement": args.placement}
     (out / "results.json").write_text(json.dumps(
         {"machine": info, "config": config, "summary": summary, "aims": aims,
          "blacc_emit_cpu_s": emit_cpu, "rows": rows},

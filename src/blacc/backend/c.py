@@ -9,9 +9,11 @@ ISA's templates; scalar ones with C operators. Exported functions return ``int``
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 from ..errors import ScheduleError
 from ..ir import kernel as k
+from ..ir.dtypes import itemsize
 from ..ir.walk import names_used, read_back_buffers, rewrite, simplify
 from ..target.isa import GENERIC, Isa
 
@@ -69,7 +71,7 @@ class _Renderer:
             if e.count is None:
                 return self.isa.op("load", e.dtype, e.lanes).format(addr=addr)
             if self.isa.plain_moves("load", e.dtype, e.lanes, k.const_value(e.count),
-                                    read_back=e.buf in self.read_back):
+                                    read_back=e.buf in self.read_back, past_end=e.past_end):
                 return self.load_first(e)
             mask = self.mask(e.dtype, e.count, e.lanes)
             return self.isa.op("mask_load", e.dtype, e.lanes).format(addr=addr, mask=mask)
@@ -113,6 +115,9 @@ class _Renderer:
             part = {1: None, 2: "half_lo", 4: "quarter_lo"}[e.x.lanes // e.lanes]
             return whole if part is None else self.isa.op(part, e.dtype, e.x.lanes).format(
                 x=whole)
+        if isinstance(e, k.ShiftDown):  # the target's template takes the shift in bytes
+            return self.isa.op("shift_down", e.dtype, e.lanes).format(
+                x=self.expr(e.x), bytes=e.by * itemsize(e.dtype))
         if isinstance(e, (k.Zip, k.Unzip)):
             name = (("zip_lo", "zip_hi")[e.half] if isinstance(e, k.Zip)
                     else ("unzip_even", "unzip_odd")[e.odd])
@@ -131,11 +136,11 @@ class _Renderer:
                 addr=self.addr(e.buf, e.index))
         if count > half:
             lo = k.Load(e.buf, e.index, e.dtype, half)
-            hi = k.Load(e.buf, simplify(e.index + half), e.dtype, half,
-                        k.Const(count - half))
+            hi = replace(e, index=simplify(e.index + half), lanes=half,
+                         count=k.Const(count - half))
             return self.isa.op("join", e.dtype, e.lanes).format(lo=self.expr(lo),
                                                                  hi=self.expr(hi))
-        lo = k.Load(e.buf, e.index, e.dtype, half, None if count == half else e.count)
+        lo = replace(e, lanes=half, count=None if count == half else e.count)
         return self.isa.op("zext", e.dtype, e.lanes).format(x=self.expr(lo))
 
     def store_first(self, buf: str, index: k.Expr, x: str, dtype: str, lanes: int,
@@ -201,7 +206,7 @@ class _Renderer:
             if s.count is None:
                 return [f"{pad}{self.isa.op('store', dt, lanes).format(addr=addr, x=x)};"]
             if self.isa.plain_moves("store", dt, lanes, k.const_value(s.count),
-                                    read_back=s.buf in self.read_back):
+                                    read_back=s.buf in self.read_back, past_end=s.past_end):
                 # the value is used by several stores: computed once, in a block of its own
                 part = "blacc_part"
                 stores = self.store_first(s.buf, s.index, part, dt, lanes, int(s.count.value))

@@ -268,6 +268,10 @@ class _FunctionWriter:
         if isinstance(e, k.Permute):
             y = None if e.y is None else self.expr(e.y)
             return self.shuffle(self.expr(e.x), y, list(e.lanes_from))
+        if isinstance(e, k.ShiftDown):  # lanes of a zero vector past the end of x's
+            x = self.expr(e.x)
+            zeros = _Val("zeroinitializer", x.dtype, x.lanes)
+            return self.shuffle(x, zeros, [*range(e.by, x.lanes), *[x.lanes] * e.by])
         if isinstance(e, (k.Zip, k.Unzip)):
             mask = (k.zip_lanes(e.lanes, e.half) if isinstance(e, k.Zip)
                     else k.unzip_lanes(e.lanes, e.odd))
@@ -421,7 +425,7 @@ class _FunctionWriter:
                                         k.Const(0, e.dtype)))
         count = k.const_value(e.count)
         if self.m.isa.plain_moves("load", e.dtype, e.lanes, count,
-                                  read_back=e.buf in self.read_back):
+                                  read_back=e.buf in self.read_back, past_end=e.past_end):
             # the first lanes with a plain load (LLVM picks the moves), zeros in the others
             ptr = self.address(e.buf, e.index)
             if count == 1:
@@ -509,7 +513,7 @@ class _FunctionWriter:
             return
         count = k.const_value(s.count)
         if self.m.isa.plain_moves("store", v.dtype, v.lanes, count,
-                                  read_back=s.buf in self.read_back):
+                                  read_back=s.buf in self.read_back, past_end=s.past_end):
             ptr = self.address(s.buf, s.index)
             part = (self.value(f"extractelement {v.typed}, i64 0", v.dtype) if count == 1
                     else self.shuffle(v, None, list(range(count))))

@@ -92,6 +92,9 @@ def evaluate(e: k.Expr, env: _Env) -> Any:
     if isinstance(e, k.Permute):
         both = [evaluate(x, env) for x in (e.x, e.y) if x is not None]
         return np.concatenate(both)[list(e.lanes_from)]
+    if isinstance(e, k.ShiftDown):
+        x = evaluate(e.x, env)
+        return np.concatenate([x[e.by:], np.zeros(e.by, dtype=x.dtype)])
     if isinstance(e, (k.Zip, k.Unzip)):
         both = np.concatenate([evaluate(e.a, env), evaluate(e.b, env)])
         lanes = (k.zip_lanes(e.lanes, e.half) if isinstance(e, k.Zip)

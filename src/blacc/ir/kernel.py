@@ -81,13 +81,16 @@ class Bin(Expr):
 @dataclass(frozen=True, eq=True)
 class Load(Expr):
     """``lanes`` consecutive elements of ``buf`` from ``index``; with ``count``, only the
-    first ``count`` lanes are read (the others are zero) — a masked load."""
+    first ``count`` lanes are read (the others are zero) — a masked load. ``past_end``:
+    the lanes past ``count`` may lie past the end of ``buf``, so the first ``count`` are
+    moved in plain pieces, never with a mask (``transform.past_end``)."""
 
     buf: str
     index: Expr
     dtype: str
     lanes: int = 1
     count: Expr | None = None
+    past_end: bool = False
 
 
 @dataclass(frozen=True, eq=True)
@@ -214,13 +217,27 @@ def quartered_load(e: Expr) -> Load | None:
 
 
 @dataclass(frozen=True, eq=True)
-class HalfSplat(Expr):
+class _AsWideAs(Expr):
+    """A value of the type and width of ``x``, its first operand."""
+
+    x: Expr
+
+    @property
+    def dtype(self) -> str:  # type: ignore[override]
+        return self.x.dtype
+
+    @property
+    def lanes(self) -> int:  # type: ignore[override]
+        return self.x.lanes
+
+
+@dataclass(frozen=True, eq=True)
+class HalfSplat(_AsWideAs):
     """Lane ``lane`` of each half of ``x`` copied into every lane of that half: with
     rows i and i+1 of A in the two halves, A[i, k] x 4 and A[i+1, k] x 4 for one FMA on
     two rows of C (AVX2: ``vpermilps`` with an immediate). With ``parts`` 4, the same
     within each quarter: four rows of A, four rows of C (AVX-512 f32, ``vpermilps``)."""
 
-    x: Expr
     lane: int
     parts: int = 2
 
@@ -231,14 +248,6 @@ class HalfSplat(Expr):
         if not 0 <= self.lane < self.x.lanes // self.parts:
             raise ValueError(f"HalfSplat: lane {self.lane} outside a part of "
                              f"{self.x.lanes // self.parts} lanes")
-
-    @property
-    def dtype(self) -> str:  # type: ignore[override]
-        return self.x.dtype
-
-    @property
-    def lanes(self) -> int:  # type: ignore[override]
-        return self.x.lanes
 
 
 @dataclass(frozen=True, eq=True)
@@ -314,6 +323,23 @@ class _TwoVectors(Expr):
     @property
     def lanes(self) -> int:  # type: ignore[override]
         return self.a.lanes
+
+
+@dataclass(frozen=True, eq=True)
+class ShiftDown(_AsWideAs):
+    """Lanes ``by`` and up of ``x`` in its first lanes, zeros in the last ``by`` (one
+    byte shift, psrldq, for a 128-bit vector): the first lanes of a vector loaded so that
+    it ends where its operand ends, not past it (``transform.past_end``).
+
+        ShiftDown([a0 a1 a2 a3], 1)  ->  [a1 a2 a3 0]
+    """
+
+    by: int
+
+    def __post_init__(self) -> None:
+        if not 0 < self.by < self.x.lanes:
+            raise ValueError(f"ShiftDown moves a {self.x.lanes}-lane vector by 1 to "
+                             f"{self.x.lanes - 1} lanes, not {self.by}")
 
 
 @dataclass(frozen=True, eq=True)
@@ -529,12 +555,13 @@ class Assign(Stmt):
 @dataclass(frozen=True)
 class Store(Stmt):
     """Write ``value`` (``value.lanes`` elements) to ``buf[index]``; with ``count``, only the
-    first ``count`` lanes are written — a masked store."""
+    first ``count`` lanes are written — a masked store. ``past_end`` as for ``Load``."""
 
     buf: str
     index: Expr
     value: Expr
     count: Expr | None = None
+    past_end: bool = False
 
 
 @dataclass(frozen=True)
@@ -696,12 +723,14 @@ class TileStore(Stmt):
 
 @dataclass(frozen=True)
 class Param:
-    """A function parameter: a scalar (``pointer`` False) or a pointer to elements."""
+    """A function parameter: a scalar (``pointer`` False) or a pointer to elements, of
+    which ``extent`` are the operand's when known (``transform.past_end``)."""
 
     name: str
     dtype: str
     pointer: bool = False
     const: bool = False
+    extent: int | None = None
 
     @property
     def var(self) -> Var:

@@ -17,7 +17,8 @@ def expr(e: k.Expr) -> str:
             return f"({expr(e.a)} {e.op} {expr(e.b)})"
         return f"{e.op}({expr(e.a)}, {expr(e.b)})"
     if isinstance(e, k.Load):
-        mask = f", count={expr(e.count)}" if e.count is not None else ""
+        mask = (f", count={expr(e.count)}" if e.count is not None else "") + (
+            ", past_end" if e.past_end else "")
         if e.lanes == 1 and e.count is None:
             return f"{e.buf}[{expr(e.index)}]"
         return f"load{e.lanes}({e.buf}[{expr(e.index)}]{mask})"
@@ -50,6 +51,8 @@ def expr(e: k.Expr) -> str:
     if isinstance(e, k.Permute):
         second = "" if e.y is None else f", {expr(e.y)}"
         return f"permute({expr(e.x)}{second}, {list(e.lanes_from)})"
+    if isinstance(e, k.ShiftDown):
+        return f"shift_down({expr(e.x)}, {e.by})"
     if isinstance(e, k.Zip):
         return f"zip{'_hi' if e.half else '_lo'}({expr(e.a)}, {expr(e.b)})"
     if isinstance(e, k.Unzip):
@@ -76,7 +79,8 @@ def stmt(s: k.Stmt, indent: int = 0) -> list[str]:
     if isinstance(s, k.Assign):
         return [f"{pad}{s.var.name} = {expr(s.value)}"]
     if isinstance(s, k.Store):
-        mask = f", count={expr(s.count)}" if s.count is not None else ""
+        mask = (f", count={expr(s.count)}" if s.count is not None else "") + (
+            ", past_end" if s.past_end else "")
         if s.value.lanes == 1 and s.count is None:
             return [f"{pad}{s.buf}[{expr(s.index)}] = {expr(s.value)}"]
         return [f"{pad}store{s.value.lanes}({s.buf}[{expr(s.index)}] <- {expr(s.value)}{mask})"]

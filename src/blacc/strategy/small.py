@@ -26,6 +26,7 @@ from ..runtime.signature import ArgSpec
 from ..target.isa import Isa
 from ..target.machine import Machine
 from ..transform.blac import OpSchedule, block_registers, build_module, candidates, sums_of
+from ..transform.past_end import mark_past_end
 from ..transform.split_updates import split_updates
 
 SEARCHES = ("model", "exhaustive", "random")
@@ -186,7 +187,7 @@ def _node_issue(e: k.Expr, own: _Issue, acc: _Issue, isa: Isa, loop: str | None,
         if e.count is None:
             own.loads += 1.0
         elif pieces := isa.plain_moves("load", e.dtype, e.lanes, k.const_value(e.count),
-                                       read_back=e.buf in read):
+                                       read_back=e.buf in read, past_end=e.past_end):
             own.loads += len(pieces)  # one narrower load, or pieces joined
             own.shuffles += len(pieces) - 1
         else:
@@ -273,6 +274,9 @@ def _node_issue(e: k.Expr, own: _Issue, acc: _Issue, isa: Isa, loop: str | None,
         for x in (e.x, e.y):
             if x is not None:
                 _expr_issue(x, acc, isa, loop, joined, datapath, single, read)
+    elif isinstance(e, k.ShiftDown):  # one byte shift (psrldq)
+        own.shuffles += 1.0
+        _expr_issue(e.x, acc, isa, loop, joined, datapath, single, read)
     elif isinstance(e, (k.Zip, k.Unzip)):
         own.shuffles += _zip_shuffles(e, isa)
         _expr_issue(e.a, acc, isa, loop, joined, datapath, single, read)
@@ -366,7 +370,8 @@ def _cycles(body: tuple[k.Stmt, ...], isa: Isa, loop: str | None = None,
             if s.count is None:
                 segment.stores += 1.0
             elif pieces := isa.plain_moves("store", s.value.dtype, s.value.lanes,
-                                           k.const_value(s.count), read_back=s.buf in read):
+                                           k.const_value(s.count), read_back=s.buf in read,
+                                           past_end=s.past_end):
                 segment.stores += len(pieces)  # the later ones shuffled down first
                 segment.shuffles += len(pieces) - 1
             elif isa.mask_registers and s.buf not in scratch:
@@ -767,4 +772,4 @@ def split_short_updates(module: k.Module, program: ix.Program,
                  for s in nodes_of(entry.body, k.Store))
     if not masked and program_cost(module, program, schedule, isa) > SPLIT_BELOW_CYCLES:
         return module
-    return replace(module, functions=(replace(entry, body=split),))
+    return mark_past_end(replace(module, functions=(replace(entry, body=split),)), isa)

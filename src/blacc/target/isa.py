@@ -103,7 +103,8 @@ class Isa:
         return None if tail is None else (half, *tail)
 
     def plain_moves(self, kind: str, dtype: str, lanes: int, count: int | None, *,
-                    read_back: bool = False) -> tuple[int, ...] | None:
+                    read_back: bool = False, past_end: bool = False
+                    ) -> tuple[int, ...] | None:
         """``partial_pieces`` where they beat one masked move of ``kind`` ('load' or
         'store'): always for stores (an AVX2 masked store is microcoded on AMD cores,
         about 12 cycles), for loads only as one move (a masked load is one fast
@@ -119,14 +120,19 @@ class Isa:
         by one plain move, as any buffer). 7 x 7
         x 7 f64 with rows of C as masked vectors: 48.1 ns with masked stores, 15.5 with
         4 + 2 + 1 (AVX2's plan, three vectors a row, 30.9); loaded in pieces joined, 0.94x
-        as fast. None for a count not known when the code is generated (``count`` None)."""
+        as fast. A move whose masked-off lanes may lie past the end of its operand
+        (``past_end``) is always pieces where they exist: a masked one takes ~140 ns
+        where those lanes fall on an unmapped page (``transform.past_end``). None for a
+        count not known when the code is generated (``count`` None)."""
         if count is None:
             return None
         pieces = self.partial_pieces(dtype, lanes, count)
         if pieces is None:
             return None
         if kind == "store":
-            return pieces if read_back or not self.mask_registers else None
+            return pieces if read_back or past_end or not self.mask_registers else None
+        if past_end and self._loads_first(dtype, lanes, count):
+            return pieces
         vectors = self.widths(dtype)[:-1]
         one = len(pieces) == 1 and (pieces[0] in vectors
                                     or (f"load_first{count}", f"{dtype}x{vectors[-1]}")
@@ -291,6 +297,14 @@ def _avx2_ops() -> dict[tuple[str, str], str]:
         ("zext", "f64"): "_mm256_zextpd128_pd256({x})",
         ("join", "f32"): "_mm256_set_m128({hi}, {lo})",
         ("join", "f64"): "_mm256_set_m128d({hi}, {lo})",
+    })
+    # A 128-bit vector's upper lanes moved down, zeros above (``k.ShiftDown``): one byte
+    # shift. Wider vectors have none (``transform.past_end`` loads them in pieces).
+    ops.update({
+        ("shift_down", "f32x4"): "_mm_castsi128_ps(_mm_srli_si128(_mm_castps_si128({x}), "
+                                 "{bytes}))",
+        ("shift_down", "f64x2"): "_mm_castsi128_pd(_mm_srli_si128(_mm_castpd_si128({x}), "
+                                 "{bytes}))",
     })
     return ops
 
@@ -487,12 +501,20 @@ def _avx512_ops() -> dict[tuple[str, str], str]:
     ops.update({key: op for key, op in _avx2_ops().items()
                 if key[1] in ("f32x4", "f64x2") and key[0].startswith(("store_first",
                                                                          "load_first"))})
+    # (and the joins of halves that load the first lanes of a vector reaching past the
+    # end of its operand in pieces, ``transform.past_end``)
     ops.update({
         ("zext", "f32"): "_mm512_zextps256_ps512({x})",
         ("zext", "f64"): "_mm512_zextpd256_pd512({x})",
         ("zext", "f32x8"): "_mm256_zextps128_ps256({x})",
         ("zext", "f64x4"): "_mm256_zextpd128_pd256({x})",
+        ("join", "f32"): "_mm512_insertf32x8(_mm512_castps256_ps512({lo}), {hi}, 1)",
+        ("join", "f64"): "_mm512_insertf64x4(_mm512_castpd256_pd512({lo}), {hi}, 1)",
+        ("join", "f32x8"): "_mm256_set_m128({hi}, {lo})",
+        ("join", "f64x4"): "_mm256_set_m128d({hi}, {lo})",
     })
+    # ``k.ShiftDown`` of 128 bits, AVX2's
+    ops.update({key: op for key, op in _avx2_ops().items() if key[0] == "shift_down"})
     return ops
 
 

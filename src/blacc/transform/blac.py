@@ -78,6 +78,7 @@ from ..ir.walk import names_used, nodes_of, rewrite, simplify, substitute
 from ..runtime.signature import ARRAY, ArgSpec
 from ..target.isa import Isa
 from .flat import flat_applies, lower_flat
+from .past_end import mark_past_end
 from .share_loads import share_masked_loads
 from .sum_lanes import batch_row_sums, index_offset
 
@@ -1603,9 +1604,10 @@ def sums_of(n: ix.Node) -> list[ix.Sum]:
 
 
 def entry_params(specs: tuple[ArgSpec, ...]) -> tuple[k.Param, ...]:
-    """Entry parameters in spec order: arrays and written scalars by pointer."""
-    return tuple(k.Param(s.name, s.dtype, pointer=s.by_pointer, const=not s.written)
-                 for s in specs)
+    """Entry parameters in spec order: arrays and written scalars by pointer, with the
+    elements they span."""
+    return tuple(k.Param(s.name, s.dtype, pointer=s.by_pointer, const=not s.written,
+                         extent=s.extent if s.by_pointer else None) for s in specs)
 
 
 #: A temporary whose elements later operations splat this many times or more is read
@@ -1640,4 +1642,4 @@ def build_module(program: ix.Program, specs: tuple[ArgSpec, ...],
             body.append(k.Barrier())
     entry = k.Function(name, entry_params(specs), share_masked_loads(tuple(body), isa),
                        exported=True)
-    return k.Module((entry,), entry=name)
+    return mark_past_end(k.Module((entry,), entry=name), isa)
