@@ -128,7 +128,7 @@ def test_a_loop_whose_last_iteration_reaches_past_is_flagged():
     marked = mark_past_end(_function((loop,), 48), AVX512)
     (store,) = nodes_of(marked, k.Store)
     (load,) = nodes_of(marked, k.Load)
-    assert store.past_end and load.past_end  # i = 0 starts the array: not shifted
+    assert store.past_end and load.past_end  # 512 bits: in pieces, not shifted
     inside = mark_past_end(_function((loop,), 52), AVX512)
     assert not any(x.past_end for x in nodes_of(inside, (k.Load, k.Store)))
 

@@ -424,7 +424,7 @@ static double TARGET_S = 0.02;   /* one batch of calls lasts at least this long 
 static int ROUNDS = 7;           /* batches per implementation, interleaved */
 static const char *ONLY = NULL;  /* run only cases whose id contains this */
 /* "--page-ends": every array ends where a page that cannot be accessed begins, in
-   every round (place_end), instead of at the round's offset (place_offset) */
+   every round (guard_slot_ends), instead of at the round's offset (place_offset) */
 static int PAGE_ENDS = 0;
 /* CPU time of this thread by default: on a shared machine, time spent descheduled is not
    the kernel's; "--clock wall" uses CLOCK_MONOTONIC instead. */
