@@ -142,7 +142,7 @@ def test_compiled_against_guard_pages(tmp_path, name, isa, dtype, w, n):
         pytest.skip(f"compiled only: this CPU cannot run {isa.name}")
     # (the LLVM backend has no horizontal sums and no stack temporaries)
     fns += [(schedule, "llvm", _llvm_function(module, isa)) for schedule, module in built
-            if not nodes_of(module, (k.Reduce, k.SumLanes, k.Local))]
+            if not nodes_of(module, (k.Reduce, k.SumLanes, k.SumRows, k.Local))]
     values = make_values(decls, dtype,
                          np.random.default_rng(seed_of("folds-pg", name, n, dtype)))
     check_guarded(fns, p, values, f"{name} {isa.name} {n} {dtype}")

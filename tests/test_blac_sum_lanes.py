@@ -1,7 +1,7 @@
 """Rows of horizontal sums stored at once (``SumLanes``, ``transform.sum_lanes``).
 
 * the node in the interpreter and compiled from C for every width AVX2 has, against the
-  sums NumPy computes;
+  sums NumPy computes; so is ``SumRows`` (rows wider than the result) on both targets;
 * the pass on hand-built statements: which groups it joins, which it must leave alone
   (an output read or written in between, a reassigned accumulator, gaps, rows that
   differ), and wider accumulators halved first; on AVX-512, a vector's worth of rows
@@ -126,11 +126,68 @@ def test_pass_joins_rows_and_keeps_the_rest_scalar():
     assert body.index(vector) == 4
 
 
+def test_pass_transposes_wider_rows_first():
+    """Four rows of 8 f32 (AVX2) or 16 (AVX-512) into four lanes: ``SumRows`` of the
+    accumulators as they are."""
+    for isa, lanes in ((AVX2, 8), (AVX512, 16)):
+        body = batch_row_sums(tuple(_rows(4, lanes=lanes)), isa)
+        assert _stores(body) == [(0, 4)]
+        sums = next(s for s in body if isinstance(s, k.Store)).value.b
+        assert sums == k.SumRows(tuple(_acc(r, lanes=lanes) for r in range(4)))
+
+
 def test_pass_halves_wider_accumulators():
-    body = batch_row_sums(tuple(_rows(4, lanes=8)), AVX2)
-    assert _stores(body) == [(0, 4)]
+    """Eight rows of 16 f32 into eight lanes (no ``SumRows`` of eight rows): each row's
+    halves added, then ``SumLanes``."""
+    body = batch_row_sums(tuple(_rows(8, lanes=16)), AVX512)
+    assert _stores(body) == [(0, 8)]
     sums = next(s for s in body if isinstance(s, k.Store)).value.b
-    assert isinstance(sums, k.SumLanes) and all(x.lanes == 4 for x in sums.xs)
+    assert isinstance(sums, k.SumLanes) and all(x.lanes == 8 for x in sums.xs)
+    assert sums.xs[0] == k.Bin("+", k.Half(_acc(0, lanes=16), 0), k.Half(_acc(0, lanes=16), 1))
+
+
+#: (isa, dtype, rows, lanes of a row) of every ``SumRows`` the targets have
+SUM_ROWS = [("avx2", "f32", 4, 8), ("avx2", "f64", 2, 4), ("avx512", "f32", 4, 16),
+            ("avx512", "f32", 4, 8), ("avx512", "f64", 4, 8), ("avx512", "f64", 2, 4)]
+
+
+def _sum_rows_module(dtype: str, rows: int, lanes: int) -> k.Module:
+    """out[0:rows] = sumrows(x[0:lanes], x[lanes:2 lanes], ...)."""
+    xs = tuple(k.Load("x", k.Const(r * lanes), dtype, lanes) for r in range(rows))
+    body = (k.Store("out", k.Const(0), k.SumRows(xs)),)
+    params = (k.Param("x", dtype, pointer=True, const=True), k.Param("out", dtype, pointer=True))
+    return k.Module((k.Function("f", params, body, exported=True),), "f")
+
+
+def test_sum_rows_checks_its_operands():
+    x4 = k.Load("x", k.Const(0), "f32", 4)
+    x16 = k.Load("x", k.Const(0), "f32", 16)
+    for bad in ((x4,) * 4, (x16,), (x16,) * 3, (x16, x4), (x4,) * 3):
+        with pytest.raises(ValueError, match="SumRows"):
+            k.SumRows(bad)
+    assert k.SumRows((x16,) * 4).lanes == 4 and k.SumRows((x4, x4)).lanes == 2
+
+
+@pytest.mark.parametrize(("isa", "dtype", "rows", "lanes"), SUM_ROWS)
+def test_sum_rows_in_the_interpreter_and_compiled(tmp_path, isa, dtype, rows, lanes):
+    """The interpreter, and the target's helper compiled with -Wall -Wextra -Werror and
+    run where the CPU has it: each row's sum, nothing written past them."""
+    module = _sum_rows_module(dtype, rows, lanes)
+    x = (np.arange(rows * lanes) % 7 - 3 + np.arange(rows * lanes) / 8).astype(NP[dtype])
+    want = x.reshape(rows, lanes).sum(axis=1)
+    out = np.zeros(rows, NP[dtype])
+    interp.run(module, {"x": x, "out": out})
+    np.testing.assert_allclose(out, want, rtol=1e-6)
+    target = {"avx2": AVX2, "avx512": AVX512}[isa]
+    helper = target.op(f"sum_rows{rows}", dtype, lanes).split("(")[0]
+    assert helper in c_backend.render(module, target)
+    if CC is None or not NATIVE[isa]:
+        pytest.skip(f"needs a C compiler and a CPU with {isa}")
+    fn = _compiled(module, target, tmp_path / "sum_rows")
+    out = np.zeros(rows + 1, NP[dtype])  # one element more: it must stay untouched
+    assert fn(x.ctypes.data, out.ctypes.data) == 0
+    np.testing.assert_allclose(out[:rows], want, rtol=1e-6)
+    assert out[rows] == 0
 
 
 def test_pass_uses_full_vectors_for_eight_rows():
@@ -332,7 +389,7 @@ SHAPES = [(m, n, dt) for dt in ("f32", "f64") for m, n in ((4, 4), (8, 4), (13, 
 
 
 def _sum_lanes_in(module: k.Module) -> int:
-    return len(nodes_of(module, k.SumLanes))
+    return len(nodes_of(module, (k.SumLanes, k.SumRows)))
 
 
 @needs_native

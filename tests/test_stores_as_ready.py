@@ -70,11 +70,11 @@ def _run(body: tuple[k.Stmt, ...], seed: int = 0) -> np.ndarray:
 
 def test_a_block_comes_out_accumulator_by_accumulator():
     body = _block(rows=3, steps=2)
-    out = stores_as_ready(body)
+    out = stores_as_ready(body, 32)
     assert [_written(s) for s in out] == ["b0", "acc0", "b1", "acc0", "store acc0",
                                           "acc1", "acc1", "store acc1",
                                           "acc2", "acc2", "store acc2"]
-    assert stores_as_ready(out) == out
+    assert stores_as_ready(out, 32) == out
     assert np.array_equal(_run(out), _run(body))
 
 
@@ -93,22 +93,26 @@ def test_a_planned_block_stores_each_row_after_its_last_update():
 
 def test_long_chains_keep_their_order():
     body = _block(rows=2, steps=MAX_CHAIN + 2)  # MAX_CHAIN + 1 updates after the first
-    assert stores_as_ready(body) == body
+    assert stores_as_ready(body, 32) == body
     shorter = _block(rows=2, steps=MAX_CHAIN + 1)
-    assert stores_as_ready(shorter) != shorter
+    assert stores_as_ready(shorter, 32) != shorter
 
 
 def test_blocks_that_are_not_plain_products_keep_their_order():
     """A block that loads what it stores (beta*C), stores a value of two accumulators,
-    or reads a temporary is left as it is."""
+    reads a temporary, or shares more values among its accumulators than the target
+    has registers to spare is left as it is."""
     block = _block(rows=3, steps=2)
     c_read = tuple(k.Store(s.buf, s.index, k.Bin("+", s.value, _load("c", 32)))
                    if isinstance(s, k.Store) else s for s in block)
-    assert stores_as_ready(c_read) == c_read
+    assert stores_as_ready(c_read, 32) == c_read
     mixed = block[:-1] + (k.Store("c", k.Const(8), k.Bin("+", _var("acc2"), _var("acc1"))),)
-    assert stores_as_ready(mixed) == mixed
-    assert stores_as_ready(block, scratch=frozenset({"a"})) == block
-    assert stores_as_ready(block) != block
+    assert stores_as_ready(mixed, 32) == mixed
+    assert stores_as_ready(block, 32, scratch=frozenset({"a"})) == block
+    assert stores_as_ready(block, 32) != block
+    # the two rows of b shared by the accumulators, and one accumulator at a time
+    assert stores_as_ready(block, 4) != block
+    assert stores_as_ready(block, 3) == block  # would keep b in registers it has not
 
 
 def test_memory_dependences_keep_their_order():
@@ -134,8 +138,8 @@ def test_nothing_moves_across_a_barrier_or_a_loop():
     block = _block(rows=2, steps=2)
     loop = k.For(k.Var("i", "i64", 1), k.Const(0), k.Const(2), 1, block)
     body = block + (k.Barrier(),) + block + (loop,) + block
-    out = stores_as_ready(body)
-    run = stores_as_ready(block)
+    out = stores_as_ready(body, 32)
+    run = stores_as_ready(block, 32)
     in_loop = k.For(loop.var, loop.start, loop.stop, 1, run)
     assert out == run + (k.Barrier(),) + run + (in_loop,) + run
 
@@ -170,7 +174,7 @@ def straight_line(draw):
 @settings(max_examples=300, deadline=None)
 @given(straight_line(), st.integers(0, 2**16))
 def test_random_straight_line_code_computes_the_same(body, seed):
-    for out in (tuple(_reordered(list(body))), stores_as_ready(body)):
+    for out in (tuple(_reordered(list(body))), stores_as_ready(body, 32)):
         assert sorted(map(repr, out)) == sorted(map(repr, body))
         assert np.array_equal(_run(out, seed), _run(body, seed))
 
@@ -188,7 +192,7 @@ def test_planned_kernels_store_as_they_go(source, shapes, dtype, target):
     decls.update({n: S(dtype) for n in ("alpha", "beta") if n in source})
     p = plan(source, target=target, **decls)
     body = p.module.function(p.module.entry).body
-    assert stores_as_ready(body) == body  # the lowering ordered it so
+    assert stores_as_ready(body, p.isa.registers) == body  # the lowering ordered it so
     values = make_values(decls, dtype, np.random.default_rng(7))
     got = run_interp(p.module, p.specs, p.typed, values)
     assert_matches(p.typed, values, got, f"{source} {target} {p.schedule}")

@@ -96,6 +96,9 @@ class _Renderer:
             xs = {f"x{i}": self.expr(x) for i, x in enumerate(e.xs)}
             name = {1: "sum_lanes", 2: "sum_halves"}.get(e.rows_per_vector, "sum_quarters")
             return self.isa.op(name, e.dtype, e.lanes).format(**xs)
+        if isinstance(e, k.SumRows):
+            xs = {f"x{i}": self.expr(x) for i, x in enumerate(e.xs)}
+            return self.isa.op(f"sum_rows{len(e.xs)}", e.dtype, e.xs[0].lanes).format(**xs)
         if isinstance(e, k.BuildVector):
             xs = ", ".join(self.expr(x) for x in e.xs)
             return self.isa.op("build", e.dtype, e.lanes).format(xs=xs)

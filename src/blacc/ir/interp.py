@@ -74,6 +74,9 @@ def evaluate(e: k.Expr, env: _Env) -> Any:
     if isinstance(e, k.SumLanes):
         rows = np.concatenate([evaluate(x, env) for x in e.xs]).reshape(e.lanes, -1)
         return np.array([np.sum(r, dtype=r.dtype) for r in rows], dtype=numpy_dtype(e.dtype))
+    if isinstance(e, k.SumRows):
+        rows = [evaluate(x, env) for x in e.xs]
+        return np.array([np.sum(r, dtype=r.dtype) for r in rows], dtype=numpy_dtype(e.dtype))
     if isinstance(e, k.BuildVector):
         return np.array([evaluate(x, env) for x in e.xs], dtype=numpy_dtype(e.dtype))
     if isinstance(e, k.Halves):

@@ -35,6 +35,8 @@ def expr(e: k.Expr) -> str:
     if isinstance(e, k.SumLanes):
         name = {1: "sumlanes", 2: "sumhalves"}.get(e.rows_per_vector, "sumquarters")
         return f"{name}({', '.join(expr(x) for x in e.xs)})"
+    if isinstance(e, k.SumRows):
+        return f"sumrows({', '.join(expr(x) for x in e.xs)})"
     if isinstance(e, k.BuildVector):
         return f"vector({', '.join(expr(x) for x in e.xs)})"
     if isinstance(e, k.Halves):

@@ -289,6 +289,14 @@ def _node_issue(e: k.Expr, own: _Issue, acc: _Issue, isa: Isa, loop: str | None,
         own.shuffles += 2 * (n - 1) + (e.rows_per_vector > 1)
         for x in e.xs:
             _expr_issue(x, acc, isa, loop, joined, datapath, single, read)
+    elif isinstance(e, k.SumRows):
+        # n rows transposed and added as ``SumLanes``' are, then a shuffle and an add
+        # for each halving of the parts down to n lanes
+        n, folds = len(e.xs), (e.xs[0].lanes // len(e.xs)).bit_length() - 1
+        own.fp += n - 1 + folds
+        own.shuffles += 2 * (n - 1) + folds
+        for x in e.xs:
+            _expr_issue(x, acc, isa, loop, joined, datapath, single, read)
     elif isinstance(e, k.Reduce):
         # a shuffle and an add per halving; the shuffles mostly go to other pipes
         own.fp += max(1, e.x.lanes.bit_length() - 1)
@@ -326,6 +334,9 @@ def _reduce_latency(e: k.Expr) -> int:
         return FMA_LATENCY * max(1, e.x.lanes.bit_length() - 1) + _reduce_latency(e.x)
     if isinstance(e, k.SumLanes):  # one add per level of the tree
         return (FMA_LATENCY * (len(e.xs).bit_length() - 1)
+                + max(_reduce_latency(x) for x in e.xs))
+    if isinstance(e, k.SumRows):  # one add per level, down to one lane per row
+        return (FMA_LATENCY * (e.xs[0].lanes.bit_length() - 1)
                 + max(_reduce_latency(x) for x in e.xs))
     if isinstance(e, (k.Fma, k.Bin)):
         parts = (e.a, e.b, e.c) if isinstance(e, k.Fma) else (e.a, e.b)

@@ -1642,5 +1642,6 @@ def build_module(program: ix.Program, specs: tuple[ArgSpec, ...],
         if sum(e.buf == op.out and e.lanes == 1 for e in later) >= SPLATS_FROM_MEMORY:
             body.append(k.Barrier())
     entry = k.Function(name, entry_params(specs),
-                       stores_as_ready(share_masked_loads(tuple(body), isa)), exported=True)
+                       stores_as_ready(share_masked_loads(tuple(body), isa), isa.registers),
+                       exported=True)
     return mark_past_end(k.Module((entry,), entry=name), isa)

@@ -46,33 +46,50 @@ MAX_CHAIN = 16
 _STRAIGHT = (k.Decl, k.Assign, k.Store, k.Comment)
 
 
-def stores_as_ready(body: tuple[k.Stmt, ...],
+def stores_as_ready(body: tuple[k.Stmt, ...], registers: int,
                     scratch: frozenset[str] | None = None) -> tuple[k.Stmt, ...]:
     """``body`` with each run of straight-line statements that stores accumulators
     ordered result by result: each store as early as the statements it depends on
-    allow, in the order of the stores, the rest after them in their order. ``scratch``:
-    the function's temporaries (its ``Local`` arrays, by default those of ``body``)."""
+    allow, in the order of the stores, the rest after them in their order.
+    ``registers``: the target's vector registers; ``scratch``: the function's
+    temporaries (its ``Local`` arrays, by default those of ``body``)."""
     if scratch is None:
         scratch = frozenset(s.buf for s in body if isinstance(s, k.Local))
-    body = tuple(map_bodies(s, lambda b: stores_as_ready(b, scratch)) for s in body)
+
+    def ordered(run: list[k.Stmt]) -> list[k.Stmt]:
+        return _reordered(run) if _applies(run, registers, scratch) else run
+
+    body = tuple(map_bodies(s, lambda b: stores_as_ready(b, registers, scratch))
+                 for s in body)
     out: list[k.Stmt] = []
     run: list[k.Stmt] = []
     for s in body:
         if isinstance(s, _STRAIGHT):
             run.append(s)
             continue
-        out += _reordered(run) if _applies(run, scratch) else run
+        out += ordered(run)
         run = []
         out.append(s)
-    return tuple(out + (_reordered(run) if _applies(run, scratch) else run))
+    return tuple(out + ordered(run))
 
 
-def _applies(run: list[k.Stmt], scratch: frozenset[str]) -> bool:
+def _applies(run: list[k.Stmt], registers: int, scratch: frozenset[str]) -> bool:
     """Whether ``run`` is register blocks of a product (see above): stores that each
     write one accumulator's result (scaled, not transposed with others), chains of at
-    most ``MAX_CHAIN`` updates, no load of what the run stores or of a temporary."""
+    most ``MAX_CHAIN`` updates, no load of what the run stores or of a temporary, and
+    the values that several accumulators share (rows of B) few enough to stay in
+    registers all through, as they must once each accumulator is taken whole (C = A*B
+    4 x 4 x 16 f64 on AVX2 shares 16 vectors of B, and gcc spilled them)."""
     updates = Counter(s.var.name for s in run if isinstance(s, k.Assign))
     if not updates or max(updates.values()) > MAX_CHAIN:
+        return False
+    readers: dict[str, set[str]] = {}  # variable -> the accumulators whose updates read it
+    for s in run:
+        if isinstance(s, (k.Decl, k.Assign)) and s.var.name in updates:
+            for v in nodes_of(s.value, k.Var):
+                if v.name not in updates:
+                    readers.setdefault(v.name, set()).add(s.var.name)
+    if sum(len(accs) > 1 for accs in readers.values()) > registers - 2:
         return False
     written = {s.buf for s in run if isinstance(s, k.Store)}
     if any(e.buf in scratch or e.buf in written for s in run for e in nodes_of(s, k.Load)):

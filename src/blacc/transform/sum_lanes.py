@@ -281,6 +281,8 @@ def _sum_lanes(xs: list[k.Expr], n: int, isa: Isa) -> k.Expr | None:
         # fewer rows than lanes (a masked store): the missing vectors' sums are zero
         whole += [k.Broadcast(k.Const(0.0, dtype), n)] * (n // 4 - len(whole))
         return k.SumLanes(tuple(whole))
+    if xs[0].lanes > n == len(xs) and _has_op(isa, f"sum_rows{n}", dtype, xs[0].lanes):
+        return k.SumRows(tuple(xs))  # wider rows transposed before they are halved
     if xs[0].lanes < n or not _has_op(isa, "sum_lanes", dtype, n):
         return None
     while xs[0].lanes > n:  # add the halves of wider accumulators first
