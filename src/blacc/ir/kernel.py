@@ -528,7 +528,7 @@ class SumRows(_OfSeveral):
     rows of 16 f32 summed into 4 lanes), transposed and added within parts of n lanes,
     then the parts added. The same sums as each row's halves added until it is n lanes
     wide and ``SumLanes`` of those, in fewer instructions: 13 for four rows of 16 f32
-    where the halves took 8 and ``SumLanes`` 9.
+    where the halves took 16 and ``SumLanes`` 9 (``transform.sum_lanes``).
 
         SumRows((a, b, c, d)), 16 lanes each  ->  [hsum(a), hsum(b), hsum(c), hsum(d)]
     """
