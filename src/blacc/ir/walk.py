@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -11,21 +12,71 @@ from .kernel import Expr, Load, Store, Var
 T = TypeVar("T")
 
 
+#: Field annotations that never hold an IR node: walks skip such fields.
+_SCALAR_FIELDS = frozenset({"str", "int", "bool", "float", "int | float", "int | None",
+                            "str | None", "tuple[int, ...]", "tuple[str, ...]",
+                            "tuple[tuple[str, str], ...]", "tuple[tuple[str, int], ...]"})
+
+
+@functools.cache
+def _field_names(cls: type) -> tuple[str, ...] | None:
+    """The fields of dataclass ``cls`` that may hold IR nodes (None for other types):
+    looked up once per class, since the cost model walks millions of nodes."""
+    if not dataclasses.is_dataclass(cls):
+        return None
+    return tuple(f.name for f in dataclasses.fields(cls) if f.type not in _SCALAR_FIELDS)
+
+
 def rewrite(node: Any, fn: Callable[[Any], Any]) -> Any:
     """Rebuild ``node`` bottom-up, replacing every IR node ``x`` by ``fn(x)`` (after its
-    children were rewritten). Tuples are walked; other leaves are kept."""
+    children were rewritten). Tuples are walked; other leaves are kept. What ``fn``
+    leaves unchanged is returned as is, not copied."""
     if isinstance(node, tuple):
-        return tuple(rewrite(x, fn) for x in node)
-    if not dataclasses.is_dataclass(node) or isinstance(node, type):
+        items = tuple(rewrite(x, fn) for x in node)
+        return node if all(a is b for a, b in zip(items, node, strict=True)) else items
+    names = _field_names(type(node))
+    if names is None:
         return node
     changes = {}
-    for f in dataclasses.fields(node):
-        old = getattr(node, f.name)
+    for name in names:
+        old = getattr(node, name)
         new = rewrite(old, fn)
         if new is not old:
-            changes[f.name] = new
+            changes[name] = new
     rebuilt = dataclasses.replace(node, **changes) if changes else node
     return fn(rebuilt)
+
+
+def _visit(node: Any, fn: Callable[[Any], object]) -> None:
+    """Call ``fn`` on every IR node in ``node``, children before their parents (what
+    ``rewrite`` visits, without rebuilding anything)."""
+    if isinstance(node, tuple):
+        for x in node:
+            _visit(x, fn)
+        return
+    names = _field_names(type(node))
+    if names is None:
+        return
+    for name in names:
+        _visit(getattr(node, name), fn)
+    fn(node)
+
+
+def any_node(node: Any, test: Callable[[Any], bool]) -> bool:
+    """Whether some IR node in ``node`` passes ``test``: stops at the first."""
+    stack = [node]
+    while stack:
+        x = stack.pop()
+        if isinstance(x, tuple):
+            stack.extend(x)
+            continue
+        names = _field_names(type(x))
+        if names is None:
+            continue
+        if test(x):
+            return True
+        stack.extend(getattr(x, name) for name in names)
+    return False
 
 
 def substitute(node: Any, mapping: dict[str, Expr]) -> Any:
@@ -64,12 +115,11 @@ def nodes_of(node: Any, kind: type[T] | tuple[type, ...]) -> list[T]:
     before their parents."""
     found: list[T] = []
 
-    def visit(x: Any) -> Any:
+    def visit(x: Any) -> None:
         if isinstance(x, kind):
             found.append(x)
-        return x
 
-    rewrite(node, visit)
+    _visit(node, visit)
     return found
 
 
@@ -79,14 +129,13 @@ def names_used(node: Any) -> set[str]:
 
     names: set[str] = set()
 
-    def visit(x: Any) -> Any:
+    def visit(x: Any) -> None:
         if isinstance(x, Var):
             names.add(x.name)
         elif isinstance(x, (Load, Store, Ref, Prefetch, Operand2D)):
             names.add(x.buf)
-        return x
 
-    rewrite(node, visit)
+    _visit(node, visit)
     return names
 
 
@@ -110,4 +159,6 @@ def map_bodies(s: Any, fn: Callable[[tuple], tuple]) -> Any:
 def read_back_buffers(node: Any) -> frozenset[str]:
     """The buffers ``node`` both stores into and loads from: operands it updates,
     temporaries."""
-    return loaded_buffers(node) & frozenset(s.buf for s in nodes_of(node, Store))
+    moves = nodes_of(node, (Load, Store))
+    return (frozenset(m.buf for m in moves if isinstance(m, Load))
+            & frozenset(m.buf for m in moves if isinstance(m, Store)))

@@ -38,9 +38,18 @@ def share_masked_loads(body: tuple[k.Stmt, ...], isa: Isa) -> tuple[k.Stmt, ...]
     without mask registers; elsewhere ``body`` as it is)."""
     if isa.mask_registers:
         return body
-    written = ({s.buf for s in nodes_of(body, k.Store)}
-               | {r.buf for r in nodes_of(body, k.Ref)})
-    reassigned = {s.var.name for s in nodes_of(body, k.Assign)}
+    written: set[str] = set()
+    reassigned: set[str] = set()
+    masked = False
+    for x in nodes_of(body, (k.Store, k.Ref, k.Assign, k.Load)):  # one walk: kernels are big
+        if isinstance(x, k.Assign):
+            reassigned.add(x.var.name)
+        elif isinstance(x, k.Load):
+            masked = masked or x.count is not None
+        else:
+            written.add(x.buf)
+    if not masked:
+        return body
     taken = names_used(body)
     counter = itertools.count(1)
 
