@@ -27,6 +27,7 @@ from ..target.isa import Isa
 from ..target.machine import Machine
 from ..transform.blac import OpSchedule, block_registers, build_module, candidates, sums_of
 from ..transform.past_end import mark_past_end
+from ..transform.prefetch_stores import CACHE_LINE, L1_BYTES, bytes_stored
 from ..transform.split_updates import split_updates
 
 SEARCHES = ("model", "exhaustive", "random")
@@ -483,8 +484,6 @@ READ_BACK_CYCLES = 24.0
 #: row (600 a call), 8400 cycles a call; AVX2's plan, none crossing, 6370, where the FMAs
 #: alone would make AVX-512 twice as fast.
 CROSSING_STORE_CYCLES = 3.5
-L1_BYTES = 48 * 1024
-CACHE_LINE = 64
 
 
 def _zen5(machine: Machine) -> bool:
@@ -506,7 +505,7 @@ def _crossing_stores(body: tuple[k.Stmt, ...], scratch: frozenset[str]) -> int:
     """Stores a call makes across a cache line into outputs it writes but never reads
     (operands start on a line), when those outputs hold more than ``L1_BYTES``; else 0.
     Store indices are affine in the loop counters."""
-    if _bytes_stored(body, scratch) <= L1_BYTES:  # no output that big: skip the walk
+    if bytes_stored(body, scratch) <= L1_BYTES:  # no output that big: skip the walk
         return 0
     loaded = loaded_buffers(body)
     sizes: dict[str, int] = {}
@@ -550,20 +549,6 @@ def _crossing_stores(body: tuple[k.Stmt, ...], scratch: frozenset[str]) -> int:
 
     visit(body, ())
     return crossing if sum(sizes.values()) > L1_BYTES else 0
-
-
-def _bytes_stored(body: tuple[k.Stmt, ...], skip: frozenset[str]) -> int:
-    """Bytes a call stores into buffers not in ``skip``."""
-    total = 0
-    for s in body:
-        if isinstance(s, k.For):
-            start, stop = k.const_value(s.start), k.const_value(s.stop)
-            trips = len(range(start, stop, s.step)) if isinstance(start, int) and isinstance(
-                stop, int) else 0
-            total += trips * _bytes_stored(s.body, skip)
-        elif isinstance(s, k.Store) and s.buf not in skip:
-            total += s.value.lanes * itemsize(s.value.dtype)
-    return total
 
 
 def _masked_into_inout(body: tuple[k.Stmt, ...], isa: Isa) -> bool:

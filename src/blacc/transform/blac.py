@@ -79,6 +79,7 @@ from ..runtime.signature import ARRAY, ArgSpec
 from ..target.isa import Isa
 from .flat import flat_applies, lower_flat
 from .past_end import mark_past_end
+from .prefetch_stores import prefetch_stores
 from .share_loads import share_masked_loads
 from .stores_as_ready import stores_as_ready
 from .sum_lanes import batch_row_sums, index_offset
@@ -1641,7 +1642,9 @@ def build_module(program: ix.Program, specs: tuple[ArgSpec, ...],
         later = [e for part in parts[n + 1:] for e in nodes_of(part, k.Load)]
         if sum(e.buf == op.out and e.lanes == 1 for e in later) >= SPLATS_FROM_MEMORY:
             body.append(k.Barrier())
-    entry = k.Function(name, entry_params(specs),
-                       stores_as_ready(share_masked_loads(tuple(body), isa), isa.registers),
+    params = entry_params(specs)
+    ordered = stores_as_ready(share_masked_loads(tuple(body), isa), isa.registers)
+    entry = k.Function(name, params,
+                       prefetch_stores(ordered, {p.name: p.extent for p in params}),
                        exported=True)
     return mark_past_end(k.Module((entry,), entry=name), isa)
