@@ -11,7 +11,9 @@ ones: on a Xeon (Emerald Rapids, LGen's harness, a kernel's C replaced by hand, 
 alternations) that C = A*B ran 4.0-4.5 us a call with blocks of 2 or 4 rows against 2.3
 for the loops, and 2.35 with the same code taking one row at a time. With a prefetch of
 each row's line ``AHEAD_BYTES`` ahead of its store in every step, the blocks of 4 rows
-ran 2.0-2.1 us (and C 80 x 80 f64: 1.22 -> 1.10 us, the loops 1.13).
+ran 2.0-2.1 us (and C 80 x 80 f64: 1.22 -> 1.10 us, the loops 1.13). In a slower
+stretch of that machine the gain was smaller (4.0-4.3 -> 2.1-3.0 us by hand; in LGen's
+harness 0.58x -> 0.64x the loops), but never a loss.
 
 ``prefetch_stores`` adds those prefetches to innermost loops whose stores into such
 outputs form two or more streams (runs of stores less than a step's advance apart). The
