@@ -148,8 +148,9 @@ def test_prefetches_sit_beside_their_stores():
     """Prefetches of a planned kernel sit in innermost loops beside the stores they run
     ahead of, at most one per store."""
     p = plan("C = A*B", target="avx512", A=M(100, 4), B=M(4, 100), C=M(100, 100))
-    loops = [f for f in nodes_of(p.module.function(p.module.entry).body, k.For)
-             if not nodes_of(f.body, k.For)]
+    body = p.module.function(p.module.entry).body
+    loops = [f for f in nodes_of(body, k.For) if not nodes_of(f.body, k.For)]
+    assert len(_prefetches(body)) == sum(len(_prefetches(f.body)) for f in loops)
     for loop in loops:
         fetched = _prefetches(loop.body)
         rows = {s.index for s in nodes_of(loop.body, k.Store)}

@@ -26,8 +26,9 @@ from ..runtime.signature import ArgSpec
 from ..target.isa import Isa
 from ..target.machine import Machine
 from ..transform.blac import OpSchedule, block_registers, build_module, candidates, sums_of
+from ..transform.lower_tile import CACHE_LINE
 from ..transform.past_end import mark_past_end
-from ..transform.prefetch_stores import CACHE_LINE, L1_BYTES, bytes_stored
+from ..transform.prefetch_stores import L1_BYTES, bytes_stored
 from ..transform.split_updates import split_updates
 
 SEARCHES = ("model", "exhaustive", "random")

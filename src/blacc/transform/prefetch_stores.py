@@ -8,12 +8,13 @@ than L1 (``L1_BYTES``), it leaves L1 between calls and each line's first store w
 the line to come from L2. The hardware prefetches a single stream of stores that goes up
 one line after another, as gcc's row-by-row loops write, but not several interleaved
 ones: on a Xeon (Emerald Rapids, LGen's harness, a kernel's C replaced by hand, 2-3
-alternations) that C = A*B ran 4.0-4.5 us a call with blocks of 2 or 4 rows against 2.3
-for the loops, and 2.35 with the same code taking one row at a time. With a prefetch of
-each row's line ``AHEAD_BYTES`` ahead of its store in every step, the blocks of 4 rows
-ran 2.0-2.1 us (and C 80 x 80 f64: 1.22 -> 1.10 us, the loops 1.13). In a slower
-stretch of that machine the gain was smaller (4.0-4.3 -> 2.1-3.0 us by hand; in LGen's
-harness 0.58x -> 0.64x the loops), but never a loss.
+alternations) that C = A*B ran 3.6-5.4 us a call with blocks of 2 or 4 rows against
+2.3-2.6 for the loops, and 2.33-2.63 with the same code taking one row at a time. With a
+prefetch of each row's line ``AHEAD_BYTES`` ahead of its store in every step, the blocks
+of 4 rows ran 2.02-2.74 us, and C 80 x 80 f64 1.37-1.47 -> 1.10-1.21 us (the loops
+1.29-1.51). In a slower stretch of that machine the gain was smaller (AVX2 blocks of 2
+rows 4.0-4.3 -> 2.1-3.0 us by hand; in LGen's harness 0.58x -> 0.64x the loops), but
+never a loss.
 
 ``prefetch_stores`` adds those prefetches to innermost loops whose stores into such
 outputs form two or more streams (runs of stores less than a step's advance apart). The
@@ -30,7 +31,7 @@ from dataclasses import replace
 
 from ..ir import kernel as k
 from ..ir.dtypes import itemsize
-from ..ir.walk import loaded_buffers, map_bodies, nodes_of, substitute
+from ..ir.walk import map_bodies, nodes_of, substitute
 from .lower_tile import CACHE_LINE
 from .sum_lanes import index_offset
 
@@ -38,7 +39,8 @@ from .sum_lanes import index_offset
 #: (the L1 data cache of Zen 3-5 and of recent Xeons is 32-48 KiB).
 L1_BYTES = 48 * 1024
 #: How far ahead of its store each stream's line is prefetched: 4 lines (C 100 x 100
-#: f64, blocks of 4 rows: 2 lines ahead 2.3 us, 4 lines 2.0).
+#: f64, blocks of 4 rows, six alternations by hand: 2.15-2.74 us a call; 2 lines ahead
+#: 2.15-2.49, within that machine's noise).
 AHEAD_BYTES = 4 * CACHE_LINE
 
 
@@ -61,9 +63,14 @@ def prefetch_stores(body: tuple[k.Stmt, ...],
     """``body`` with write prefetches ahead of interleaved streams of stores into
     outputs it only writes, when those hold more than ``L1_BYTES`` (see the module's
     docstring). ``extents``: the elements each operand spans."""
-    scratch = frozenset(s.buf for s in nodes_of(body, k.Local))
-    read = loaded_buffers(body)
-    stored = frozenset(s.buf for s in nodes_of(body, k.Store))
+    scratch = frozenset(s.buf for s in body if isinstance(s, k.Local))
+    # statements only, an upper bound: most kernels end here, before any walk of their
+    # expressions (the model builds many candidates per plan)
+    if bytes_stored(body, scratch) <= L1_BYTES:
+        return body
+    moves = nodes_of(body, (k.Load, k.Store))
+    read = frozenset(m.buf for m in moves if isinstance(m, k.Load))
+    stored = frozenset(m.buf for m in moves if isinstance(m, k.Store))
     written_only = frozenset(b for b in stored - read - scratch if extents.get(b))
     if not written_only or bytes_stored(body, stored - written_only) <= L1_BYTES:
         return body
