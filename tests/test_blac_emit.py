@@ -388,3 +388,39 @@ def test_blocks_keep_shared_loads_only_when_they_fit_in_registers():
     assert "barrier" not in printer.module(fits.module)
     spills = plan("C = A*B", target="avx2", A=M(4, 4), B=M(4, 32), C=M(4, 32))
     assert "barrier" in printer.module(spills.module)
+
+
+def _is_gcc() -> bool:
+    if CC is None:
+        return False
+    version = subprocess.run([CC, "--version"], capture_output=True, text=True).stdout
+    return "Free Software Foundation" in version and "clang" not in version
+
+
+@needs_avx2
+@pytest.mark.skipif(not _is_gcc(), reason="the model follows gcc's complete unrolling")
+@pytest.mark.skipif(shutil.which("objdump") is None, reason="no objdump to disassemble with")
+@pytest.mark.parametrize(("n", "split"), [(64, 1), (128, 1), (200, 1), (256, 4)])
+def test_gcc_unrolls_the_loops_the_model_takes_as_straight_line(tmp_path, n, split):
+    """The cost model takes a reduction loop of few, short trips as the straight-line code
+    gcc -O3 makes of it (``strategy.small._peeled``): the compiled kernel has a backward
+    branch exactly where the model keeps a loop."""
+    from blacc.backend.c import render
+    from blacc.strategy import small
+    from blacc.transform.blac import OpSchedule
+
+    isa = ISAS["avx2"]
+    p = plan("alpha = x'*A*y", target="avx2", x=V(4, "f32"), A=M(4, n, "f32"),
+             y=V(n, "f32"), alpha=S("f32"))
+    module = build_module(p.indexed, p.specs, (OpSchedule("k1", split=split),), isa, "kern")
+    assert nodes_of(module, kir.For)
+    c_path, obj = tmp_path / "kern.c", tmp_path / "kern.o"
+    c_path.write_text(render(module, isa))
+    cmd = [CC, *AVX2_FLAGS, "-O3", "-c", str(c_path), "-o", str(obj)]
+    assert subprocess.run(cmd, capture_output=True).returncode == 0
+    asm = subprocess.run(["objdump", "-d", "--no-show-raw-insn", str(obj)],
+                         capture_output=True, text=True, check=True).stdout
+    backward = [m for m in re.finditer(r"^\s*([0-9a-f]+):\s+j\w+\s+([0-9a-f]+)", asm, re.M)
+                if int(m.group(2), 16) < int(m.group(1), 16)]
+    body = module.function(module.entry).body
+    assert bool(backward) is small._cycles(body, isa).looped

@@ -337,8 +337,8 @@ def test_isa_choice_counts_avx512_broadcasts_read_by_their_fma(monkeypatch):
     # held in registers, 32 x 4 x 32 f32's broadcasts are loads of their own: between
     # ISAs without an FP slot (AVX-512 cores take them as loads alone), folded into no FMA
     body = product(32, 4, 32, "f32", "avx512").module.function("blac_kernel").body
-    _, within, _ = small._cycles(body, AVX512)
-    _, between, _ = small._cycles(body, AVX512, single=small._single_broadcasts(body))
+    within = small._cycles(body, AVX512).issue
+    between = small._cycles(body, AVX512, single=small._single_broadcasts(body)).issue
     saved = (within.fp - between.fp) / small.BROADCAST_FP  # one per broadcast issued
     assert within.loads == between.loads and saved >= 32 and saved == int(saved)
 
