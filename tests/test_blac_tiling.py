@@ -214,7 +214,7 @@ def test_a_loop_of_many_trips_or_a_long_body_stays_a_loop(n, split, looped):
     trips = (loop.stop.value - loop.start.value) // loop.step
     assert trips == {64: 7, 200: 24, 256: 7}[n]
     inner = small._cycles(loop.body, AVX2, loop.var.name)
-    assert small._peeled(loop, trips, inner) is not looped
+    assert small._peeled(loop, inner) is not looped
     assert small._cycles(body, AVX2).looped is looped
     if looped:  # each trip waits for the last one's update of its accumulators
         assert small._cycles(body, AVX2).cycles >= trips * small.FMA_LATENCY

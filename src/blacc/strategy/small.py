@@ -386,12 +386,22 @@ class _Timing(NamedTuple):
     looped: bool
 
 
-def _peeled(loop: k.For, trips: int, body: _Timing) -> bool:
-    """Whether the model takes ``loop``, of ``trips`` over ``body``, as the copies the C
+def _trips(loop: k.For) -> int:
+    return max(0, (loop.stop.value - loop.start.value + loop.step - 1) // loop.step)
+
+
+def _may_peel(loop: k.For) -> bool:
+    """What ``_peeled`` asks of ``loop`` itself: few trips, no stores, no permuted terms."""
+    return (_trips(loop) <= PEELED_TRIPS
+            and not nodes_of(loop.body, (k.Store, k.Spread, k.Permute)))
+
+
+def _peeled(loop: k.For, body: _Timing) -> bool:
+    """Whether the model takes ``loop``, its body costed ``body``, as the copies the C
     compiler unrolls it into: a short reduction that neither stores nor permutes its
     terms (``PEELED_INSNS``)."""
-    return (not body.looped and trips <= PEELED_TRIPS and trips * body.issue.total <= PEELED_INSNS
-            and not nodes_of(loop.body, (k.Store, k.Spread, k.Permute)))
+    return (not body.looped and _may_peel(loop)
+            and _trips(loop) * body.issue.total <= PEELED_INSNS)
 
 
 def _hoisted_loads(loop: k.For) -> int:
@@ -411,8 +421,8 @@ def _cycles(body: tuple[k.Stmt, ...], isa: Isa, loop: str | None = None,
     updates, whichever is longer. A loop is a segment of its own, bound by issue or by
     the chain carried from one iteration to the next (an accumulator without partial
     sums), unless it is a short reduction the C compiler unrolls (``_peeled``): its
-    copies are then straight-line code in the segment around it. ``exposed``: the share of a chain's
-    latency that counts (``model_cost``); ``datapath`` and ``single`` as for
+    copies are then straight-line code in the segment around it. ``exposed``: the share
+    of a chain's latency that counts (``model_cost``); ``datapath`` and ``single`` as for
     ``_expr_issue``; ``read``: the buffers the kernel reads back (``Isa.plain_moves``'
     read_back)."""
     total = 0.0
@@ -460,9 +470,9 @@ def _cycles(body: tuple[k.Stmt, ...], isa: Isa, loop: str | None = None,
             _expr_issue(s.value, segment, isa, loop, joined, datapath, single, read)
             tail = max(tail, _reduce_latency(s.value))
         elif isinstance(s, k.For):
-            trips = max(0, (s.stop.value - s.start.value + s.step - 1) // s.step)
+            trips = _trips(s)
             inner = _cycles(s.body, isa, s.var.name, scratch, exposed, datapath, single, read)
-            if _peeled(s, trips, inner):
+            if _peeled(s, inner):
                 segment += inner.issue.scaled(trips)
                 segment.loads += _hoisted_loads(s)  # loaded once for all the copies
                 for name, c in inner.carried.items():
@@ -508,7 +518,7 @@ def model_cost(module: k.Module, registers_needed: int, isa: Isa, datapath: int 
     # the straight-line code outside loops (or in loops the C compiler unrolls), at the
     # rate it can be fetched
     parts = [_cycles((s,), isa, scratch=scratch, datapath=datapath, single=single, read=read)
-             for s in body]
+             for s in body if not isinstance(s, k.For) or _may_peel(s)]
     straight = sum(t.issue.total for t in parts if not t.looped)
     cycles = max(cycles, min(straight, OP_CACHE_INSTRUCTIONS) / DISPATCH
                  + max(0.0, straight - OP_CACHE_INSTRUCTIONS) / FRONTEND_RATE)
