@@ -721,6 +721,11 @@ def _registers(program: ix.Program, op: ix.Op, sched: OpSchedule, module: k.Modu
             + _shared_rows_registers(program, op, sched, isa))
 
 
+def _longest_sum(op: ix.Op) -> int:
+    """Terms of the longest reduction in ``op``'s body (1 without one)."""
+    return max((s.extent for s in sums_of(op.body)), default=1)
+
+
 def _shared_rows_registers(program: ix.Program, op: ix.Op, sched: OpSchedule,
                            isa: Isa) -> int:
     """Vector registers the other K - 1 rows of the operand shared down a block's columns
@@ -732,7 +737,7 @@ def _shared_rows_registers(program: ix.Program, op: ix.Op, sched: OpSchedule,
     37.7 ns a call against 19.6 in one-row blocks (Zen 3, timed candidates)."""
     if sched.vector != op.dims[1] or sched.folds:  # lanes along C's rows only
         return 0
-    extent = max((s.extent for s in sums_of(op.body)), default=1)
+    extent = _longest_sum(op)
     out = program.operand(op.out)
     width = len(chunks(out.cols, isa.widths(program.dtype), sched.one_tail))
     if extent > sched.unroll or out.rows <= sched.block[0] or sched.block[1] < width:
@@ -754,7 +759,7 @@ def _column_tile_registers(program: ix.Program, op: ix.Op, sched: OpSchedule,
     if sched.vector != op.dims[0] or width == 1:
         return 0
     # a longer sum is read a row of ``width`` at a time, not all of it at once
-    columns = min(width, max((s.extent for s in sums_of(op.body)), default=1))
+    columns = min(width, _longest_sum(op))
     body = module.function(module.entry).body
     in_loops = set().union(*(names_used(s) for s in body if isinstance(s, k.For)))
     hoisted = sum(isinstance(s, k.Decl) and isinstance(s.value, k.Broadcast)
