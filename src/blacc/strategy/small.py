@@ -30,6 +30,7 @@ from ..target.machine import Machine
 from ..transform.blac import (
     PEELED_TRIPS,
     OpSchedule,
+    accumulators,
     block_registers,
     build_module,
     candidates,
@@ -65,6 +66,20 @@ MASKED_STORE = 12.0
 MASKED_LOAD = 2.0
 BROADCAST_FP = 0.5
 LOOP_OVERHEAD = 0.5
+#: A chain starts when the core reaches its first update: straight-line code is taken in
+#: program order at about ``IN_ORDER_RATE`` instructions a cycle (what Zen 3 retired on
+#: long kernels, ``OP_CACHE_INSTRUCTIONS``), so a chain that begins late in the code ends
+#: late, and blocks whose chains come one after another take longer than blocks that
+#: interleave them. C = alpha*A*B + beta*C 4 x 16 x 4 f32 in folds: its four rows one
+#: after another ran 22.0 ns a call, interleaved 16.9 (Zen 3), modelled alike when every
+#: chain started at once. On 110 LGen cases with every candidate timed on Zen 3
+#: (``benchmarks/lgen/model_fit.py``), the model's pick ran 1.127x the fastest
+#: candidate's time with chains starting at once, 1.098x at 4 a cycle (1.103x at 6;
+#: 1.093x at 3, where 6 picks had not been timed); a store's horizontal sums now add to
+#: the chain they end, not to the longest. The 101 of LGen's 510 kernels that change
+#: on Zen 3 ran 1.03-1.04x as fast over the loops (benchmarks/lgen/README.md, "Chains
+#: in program order").
+IN_ORDER_RATE = 4.0
 #: Straight-line code beyond about this many instructions is fetched at a lower rate:
 #: measured on Zen 3 (``C = A*B``, 4 x 4 x n, fully unrolled), kernels of 300-900
 #: instructions retire 4 down to 2.5 instructions per cycle, where the same work as a
@@ -385,6 +400,8 @@ class _Timing(NamedTuple):
     within: float
     #: whether the model keeps a loop (one not ``_peeled``)
     looped: bool
+    #: when each variable of ``carried`` is last updated, from the start of the code
+    ends: dict[str, float]
 
 
 def _trips(loop: k.For) -> int:
@@ -419,7 +436,8 @@ def _cycles(body: tuple[k.Stmt, ...], isa: Isa, loop: str | None = None,
             read: frozenset[str] = frozenset()) -> _Timing:
     """Estimated cycles of straight-line code with loops (``_Timing``). Straight-line
     code runs out of order: its time is its issue time or its longest chain of dependent
-    updates, whichever is longer. A loop is a segment of its own, bound by issue or by
+    updates, whichever is longer, a chain starting when the core reaches it
+    (``IN_ORDER_RATE``). A loop is a segment of its own, bound by issue or by
     the chain carried from one iteration to the next (an accumulator without partial
     sums), unless it is a short reduction the C compiler unrolls (``_peeled``): its
     copies are then straight-line code in the segment around it. ``exposed``: the share
@@ -430,24 +448,32 @@ def _cycles(body: tuple[k.Stmt, ...], isa: Isa, loop: str | None = None,
     issue, segment = _Issue(), _Issue()
     local: set[str] = set()
     chains: dict[str, int] = {}
+    ready: dict[str, float] = {}  # when each chain's last update completes
     joined: set[k.Expr] = set()
-    tail = 0.0
+    stored = 0.0  # when the last store's value is ready, its horizontal sums done
     copies = 0.0  # the longest chain within one copy of an unrolled loop
     looped = False
 
+    def reached() -> float:  # when the core reaches the next instruction
+        return segment.total / IN_ORDER_RATE
+
     def close() -> float:
-        longest = max(max(chains.values(), default=0) * FMA_LATENCY + tail, copies)
+        longest = max(max(ready.values(), default=0.0), copies, stored)
         return max(segment.cycles, longest * exposed)
 
     for s in body:
         if isinstance(s, k.Barrier):  # what was loaded or computed before is not reused
             joined = set()
         elif isinstance(s, (k.Decl, k.Assign)):
+            at = reached()
             _expr_issue(s.value, segment, isa, loop, joined, datapath, single, read)
+            name = s.var.name
             if isinstance(s, k.Decl):
-                local.add(s.var.name)
+                local.add(name)
+                ready[name] = at
             else:
-                chains[s.var.name] = chains.get(s.var.name, 0) + 1
+                chains[name] = chains.get(name, 0) + 1
+                ready[name] = ready.get(name, at) + FMA_LATENCY
         elif isinstance(s, k.Store):
             stores = segment.stores
             if s.count is None:
@@ -469,34 +495,44 @@ def _cycles(body: tuple[k.Stmt, ...], isa: Isa, loop: str | None = None,
             segment.stores += extra
             segment.pieces += extra
             _expr_issue(s.value, segment, isa, loop, joined, datapath, single, read)
-            tail = max(tail, _reduce_latency(s.value))
+            at = reached()
+            chain = max((ready.get(n, at) for n in names_used(s.value)), default=at)
+            stored = max(stored, chain + _reduce_latency(s.value))
         elif isinstance(s, k.For):
             trips = _trips(s)
             inner = _cycles(s.body, isa, s.var.name, scratch, exposed, datapath, single, read)
             if _peeled(s, inner):
+                at, step = reached(), inner.issue.total / IN_ORDER_RATE
                 segment += inner.issue.scaled(trips)
                 segment.loads += _hoisted_loads(s)  # loaded once for all the copies
                 for name, c in inner.carried.items():
                     chains[name] = chains.get(name, 0) + c * trips
-                copies = max(copies, inner.within)
+                    # started before the loop, or where the first copy starts it
+                    start = (ready[name] if name in ready
+                             else at + inner.ends[name] - c * FMA_LATENCY)
+                    ready[name] = start + c * trips * FMA_LATENCY
+                copies = max(copies, at + (trips - 1) * step + inner.within)
                 continue
             looped = True
             total += close()
             issue += segment
-            segment, tail, copies = _Issue(), 0.0, 0.0
+            segment, stored, copies = _Issue(), 0.0, 0.0
             joined = set()
             chains = {n: c for n, c in chains.items() if n not in local}
+            # chains carried on past a loop keep their length, not their place
+            ready = {n: c * FMA_LATENCY for n, c in chains.items()}
             inner.issue.other += 2  # the counter and the branch
             # each iteration also pays for its taken branch and the loop's bookkeeping
             carried = max(inner.carried.values(), default=0)
             total += max(trips * (inner.issue.cycles + LOOP_OVERHEAD),
                          trips * carried * FMA_LATENCY * exposed, inner.cycles)
             issue += inner.issue.scaled(trips)
-    own = max((c for n, c in chains.items() if n in local), default=0) * FMA_LATENCY + tail
+    own = max(max((t for n, t in ready.items() if n in local), default=0.0), stored)
     total += close()
     issue += segment
     return _Timing(total, issue, {n: c for n, c in chains.items() if n not in local},
-                   max(own, copies), looped)
+                   max(own, copies), looped,
+                   {n: t for n, t in ready.items() if n not in local})
 
 
 def model_cost(module: k.Module, registers_needed: int, isa: Isa, datapath: int = 0,
@@ -713,10 +749,19 @@ def _registers(program: ix.Program, op: ix.Op, sched: OpSchedule, module: k.Modu
     accumulator per partial chain and per reduction nested in the body, and what a column
     tile keeps beside it (``_column_tile_registers``)."""
     bu, bv = sched.block
-    chains = sched.split * max(1, len(sums_of(op.body)))
+    chains = accumulators(program, op, sched, isa)
     if (per := sched.rows_per_vector) > 1:  # two or four rows per accumulator, a row of B
         # shared by them
-        return -(-bu // per) * bv * chains + bv + 1
+        accs = -(-bu // per) * bv
+        # rows of A splatted within parts (``k.HalfSplat``) are loaded once for the terms
+        # they hold, and in straight-line code gcc keeps each beside its accumulator:
+        # C = alpha*A*B + beta*C 16 x 4 x 4 f32 in one block of 8 accumulators spilled,
+        # 0.89x the loops' speed. In a loop over blocks it folds the loads into the
+        # splats instead: counted there, C = A*B n x 4 x 4 f32, n = 32-100, took blocks
+        # of 4 rows and ran 0.75-0.94x as fast (Zen 3, same-session A/B)
+        body = module.function(module.entry).body
+        held = accs if nodes_of(body, k.HalfSplat) and not nodes_of(body, k.For) else 0
+        return accs * chains + held + bv + 1
     return (block_registers(bu, bv, chains) + _column_tile_registers(program, op, sched, module)
             + _shared_rows_registers(program, op, sched, isa))
 

@@ -210,6 +210,25 @@ def _sum_pieces(pieces: list[_Chunk], masks: bool) -> list[_Chunk]:
     return [*pieces[:-1], _Chunk(last.start, narrowest, last.count)]
 
 
+def accumulators(program: ix.Program, op: ix.Op, sched: OpSchedule, isa: Isa) -> int:
+    """Accumulators ``op`` keeps per position of a block: ``split`` partial chains per
+    reduction in its body, and for a sum on lanes one set of them per vector width its
+    pieces take (as the lowering makes them: f64 7 on AVX2 is 4 + 2 + 1 lanes, the last
+    joined to the 2, so two accumulators a row)."""
+    sums = sums_of(op.body)
+    if not sums:
+        return sched.split
+    total = 0
+    for s in sums:
+        if s.index != sched.vector:
+            total += sched.split
+            continue
+        pieces = _sum_pieces(chunks(s.extent, isa.widths(program.dtype)), isa.mask_registers)
+        widths = [c.width for c in pieces]
+        total += sum(max(1, min(sched.split, widths.count(w))) for w in set(widths))
+    return total
+
+
 # ----------------------------------------------------------------------------- addressing
 
 
