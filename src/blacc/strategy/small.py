@@ -757,8 +757,8 @@ def _registers(program: ix.Program, op: ix.Op, sched: OpSchedule, module: k.Modu
         # they hold, and in straight-line code gcc keeps each beside its accumulator:
         # C = alpha*A*B + beta*C 16 x 4 x 4 f32 in one block of 8 accumulators spilled,
         # 0.89x the loops' speed. In a loop over blocks it folds the loads into the
-        # splats instead: counted there, C = A*B n x 4 x 4 f32, n = 32-100, took blocks
-        # of 4 rows and ran 0.75-0.94x as fast (Zen 3, same-session A/B)
+        # splats instead: counted there, C = A*B and alpha*A*B + beta*C n x 4 x 4 f32,
+        # n = 32-100, took blocks of 4 rows and ran 0.82-0.96x as fast (Zen 3, A/B)
         body = module.function(module.entry).body
         held = accs if nodes_of(body, k.HalfSplat) and not nodes_of(body, k.For) else 0
         return accs * chains + held + bv + 1
