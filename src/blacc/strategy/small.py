@@ -77,8 +77,8 @@ LOOP_OVERHEAD = 0.5
 #: candidate's time with chains starting at once, 1.098x at 4 a cycle (1.103x at 6;
 #: 1.093x at 3, where 6 picks had not been timed); a store's horizontal sums now add to
 #: the chain they end, not to the longest. The 101 of LGen's 510 kernels that change
-#: on Zen 3 ran 1.03-1.04x as fast over the loops (benchmarks/lgen/README.md, "Chains
-#: in program order").
+#: on Zen 3 ran 1.04x and 1.05x as fast over the loops in two A/B rounds
+#: (benchmarks/lgen/README.md, "Chains in program order").
 IN_ORDER_RATE = 4.0
 #: Straight-line code beyond about this many instructions is fetched at a lower rate:
 #: measured on Zen 3 (``C = A*B``, 4 x 4 x n, fully unrolled), kernels of 300-900

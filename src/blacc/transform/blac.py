@@ -210,23 +210,28 @@ def _sum_pieces(pieces: list[_Chunk], masks: bool) -> list[_Chunk]:
     return [*pieces[:-1], _Chunk(last.start, narrowest, last.count)]
 
 
+def _lane_pieces(extent: int, isa: Isa, dtype: str) -> list[_Chunk]:
+    """The pieces a sum of ``extent`` terms on lanes is taken in (``_sum_pieces``)."""
+    return _sum_pieces(chunks(extent, isa.widths(dtype)), isa.mask_registers)
+
+
+def _chain_sets(pieces: list[_Chunk], split: int) -> dict[int, int]:
+    """Per vector width of ``pieces``, the sets of partial accumulators a sum keeps: one
+    per ``split`` chain, at most one per piece of that width."""
+    widths = [c.width for c in pieces]
+    return {w: max(1, min(split, widths.count(w))) for w in dict.fromkeys(widths)}
+
+
 def accumulators(program: ix.Program, op: ix.Op, sched: OpSchedule, isa: Isa) -> int:
     """Accumulators ``op`` keeps per position of a block: ``split`` partial chains per
     reduction in its body, and for a sum on lanes one set of them per vector width its
-    pieces take (as the lowering makes them: f64 7 on AVX2 is 4 + 2 + 1 lanes, the last
-    joined to the 2, so two accumulators a row)."""
+    pieces take (as ``_Gen.reduce`` makes them: f64 7 on AVX2 is 4 + 2 + 1 lanes, the
+    last joined to the 2, so two accumulators a row)."""
     sums = sums_of(op.body)
     if not sums:
         return sched.split
-    total = 0
-    for s in sums:
-        if s.index != sched.vector:
-            total += sched.split
-            continue
-        pieces = _sum_pieces(chunks(s.extent, isa.widths(program.dtype)), isa.mask_registers)
-        widths = [c.width for c in pieces]
-        total += sum(max(1, min(sched.split, widths.count(w))) for w in set(widths))
-    return total
+    return sum(sum(_chain_sets(_lane_pieces(s.extent, isa, program.dtype), sched.split)
+                   .values()) if s.index == sched.vector else sched.split for s in sums)
 
 
 # ----------------------------------------------------------------------------- addressing
@@ -544,15 +549,13 @@ class _Gen:
 
     def reduce(self, node: ix.Sum, ctxs: list[dict], out: list[k.Stmt]) -> list[k.Expr]:
         vectorized = node.index == self.s.vector
-        pieces = (chunks(node.extent, self.isa.widths(self.dt)) if vectorized
+        pieces = (_lane_pieces(node.extent, self.isa, self.dt) if vectorized
                   else [_Chunk(i, 1, 1) for i in range(node.extent)])
         # positions computed together: one each, or two or four in one vector
         units = (self.paired(ctxs) if vectorized and (self.s.pairs or self.s.quads)
                  else [(c, (p,)) for p, c in enumerate(ctxs)])
         if units and len(units[0][1]) == 4:  # the whole sum in one quarter of a vector
             pieces = [_Chunk(0, node.extent, node.extent)]
-        if vectorized:
-            pieces = _sum_pieces(pieces, self.isa.mask_registers)
         if vectorized and not _zero_padded(node.body, node.index):
             raise ScheduleError(f"sum over {node.index!r} cannot run on lanes: a term does "
                                 "not vanish on masked lanes")
@@ -566,12 +569,13 @@ class _Gen:
         by_width: dict[int, list[_Chunk]] = {}
         for c in pieces:
             by_width.setdefault(c.width, []).append(c)
+        nsets = _chain_sets(pieces, self.s.split)
         for width, group in by_width.items():
             folded = width if parts > 1 and width > 1 else 1
             lanes = [len(ps) * width if vectorized else folded * self.lanes_of(c)
                      for c, ps in units]
             sets = [[self.fresh("acc", n) for n in lanes]
-                    for _ in range(max(1, min(self.s.split, len(group))))]
+                    for _ in range(nsets[width])]
             self.accumulate(node, [c for c, _ in units], group, sets, vectorized, out,
                             folded)
             for u, (_, positions) in enumerate(units):
