@@ -105,7 +105,8 @@ def test_parse_cpuinfo_x86() -> None:
     assert "avx512f" not in info.features
     assert info.mhz == pytest.approx(3200.0)  # nominal from the name, not the current 800 MHz
     assert info.vendor == "GenuineIntel" and info.family == 6
-    assert Machine("x", "x86_64", vendor=info.vendor, family=info.family).vector_datapath == 0
+    intel = Machine("x", "x86_64", vendor=info.vendor, family=info.family)
+    assert intel.vector_datapath == 0 and intel.prefetches_store_streams
 
 
 def test_parse_cpuinfo_mhz_fallback() -> None:
@@ -160,6 +161,7 @@ def test_read_machine_from_fixture_root(tmp_path: Path) -> None:
     m = read_machine(tmp_path)
     assert m.name == "AMD EPYC 7763" and m.vendor == "AuthenticAMD" and m.family == 25
     assert m.vector_datapath == 256  # Zen 3/4: 256-bit pipes
+    assert not m.prefetches_store_streams  # ran faster without write prefetches
     assert m.has("avx2", "fma") and m.has("AVX2") and not m.has("avx512f")
     assert m.cache(2) is not None and m.cache(2).size == 512 * 1024
     assert m.frequency_hz == pytest.approx(2445.43e6)

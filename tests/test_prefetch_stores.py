@@ -6,23 +6,43 @@
 * outputs that fit L1, outputs the kernel also reads, and a single stream of stores get
   none;
 * planned kernels with prefetches agree with NumPy through the interpreter, and emitted
-  as C (strict flags) and run, with every prefetch address inside its operand.
+  as C (strict flags) and run, with every prefetch address inside its operand;
+* only machines that gain from them get them (none on AMD's cores).
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import numpy as np
 import pytest
 
 import blacc
+from blacc import blacs
 from blacc.blacs import plan
 from blacc.ir import kernel as k
 from blacc.ir.walk import nodes_of
+from blacc.runtime.gemm import host_target
 from blacc.transform.prefetch_stores import AHEAD_BYTES, L1_BYTES, prefetch_stores
 from test_blac_emit import TARGETS, emit_and_run
 from test_blac_programs import assert_matches, make_values, run_interp
 
 M, S = blacc.Matrix, blacc.Scalar
+
+
+def _host_of(monkeypatch, vendor: str) -> None:
+    """Plans made here are tuned for a host from ``vendor``."""
+    target = host_target()
+    monkeypatch.setattr(blacs, "host_target",
+                        lambda: dataclasses.replace(
+                            target, machine=dataclasses.replace(target.machine,
+                                                                vendor=vendor)))
+
+
+@pytest.fixture(autouse=True)
+def _intel_host(monkeypatch):
+    """The prefetches are for machines that gain from them (a Xeon's, say)."""
+    _host_of(monkeypatch, "GenuineIntel")
 
 
 def _rows_kernel(n: int, rows: int, *, read_c: bool = False) -> tuple[k.Stmt, ...]:
@@ -156,3 +176,18 @@ def test_prefetches_sit_beside_their_stores():
         rows = {s.index for s in nodes_of(loop.body, k.Store)}
         assert len(fetched) <= len(rows)
     assert any(_prefetches(f.body) for f in loops)
+
+
+@pytest.mark.parametrize("target", ["avx2", "avx512"])
+def test_amd_hosts_get_no_prefetches(monkeypatch, target):
+    """On Zen 3 C = A*B 100 x 4 x 100 f64 ran 1.3-1.5x as fast without the prefetches
+    (``Machine.prefetches_store_streams``): kernels planned there have none, and are
+    otherwise the same kernels."""
+    decls = dict(A=M(100, 4), B=M(4, 100), C=M(100, 100))
+    intel = plan("C = A*B", target=target, **decls)
+    _host_of(monkeypatch, "AuthenticAMD")
+    amd = plan("C = A*B", target=target, **decls)
+    assert _prefetches(intel.module.function(intel.module.entry).body)
+    body = amd.module.function(amd.module.entry).body
+    assert not _prefetches(body)
+    assert amd.schedule == intel.schedule

@@ -186,7 +186,8 @@ def _search_pool(candidates: tuple[ix.Program, ...], specs: tuple[ArgSpec, ...],
     pool: dict[str, Candidate] = {}
     for _, form, schedule in ranked:
         try:
-            module = build_module(form, specs, schedule, isa, name)
+            module = build_module(form, specs, schedule, isa, name,
+                                  write_prefetches=_write_prefetches())
         except ScheduleError:  # each operation's schedule builds, but not this combination
             continue
         module = split_short_updates(module, form, schedule, isa)
@@ -194,6 +195,12 @@ def _search_pool(candidates: tuple[ix.Program, ...], specs: tuple[ArgSpec, ...],
         if len(pool) == SEARCH_BUDGET:
             break
     return list(pool.values())
+
+
+def _write_prefetches() -> bool:
+    """Whether this machine's kernels prefetch large outputs ahead of interleaved stores
+    (``Machine.prefetches_store_streams``)."""
+    return host_target().machine.prefetches_store_streams
 
 
 def _split_updates(p: Plan) -> Plan:
@@ -224,7 +231,8 @@ def _model_plan(typed: TypedProgram, specs: tuple[ArgSpec, ...], isa: Isa,
                for op, s in zip(program.ops, schedule, strict=True)):
             return False
         try:
-            built[choice] = build_module(program, specs, schedule, isa, name)
+            built[choice] = build_module(program, specs, schedule, isa, name,
+                                         write_prefetches=_write_prefetches())
         except ScheduleError:
             return False
         return True
@@ -233,7 +241,8 @@ def _model_plan(typed: TypedProgram, specs: tuple[ArgSpec, ...], isa: Isa,
              "target": isa.name}
     form, schedule = choice = remembered(parts, decide, fits)
     indexed = candidates[form]
-    module = built.get(choice) or build_module(indexed, specs, schedule, isa, name)
+    module = built.get(choice) or build_module(indexed, specs, schedule, isa, name,
+                                                write_prefetches=_write_prefetches())
     return Plan(typed, indexed, specs, schedule, module, isa)
 
 

@@ -1644,8 +1644,11 @@ SPLATS_FROM_MEMORY = 8
 
 
 def build_module(program: ix.Program, specs: tuple[ArgSpec, ...],
-                 schedule: tuple[OpSchedule, ...], isa: Isa, name: str) -> k.Module:
-    """The whole program as one exported function; temporaries are local arrays."""
+                 schedule: tuple[OpSchedule, ...], isa: Isa, name: str, *,
+                 write_prefetches: bool = True) -> k.Module:
+    """The whole program as one exported function; temporaries are local arrays.
+    ``write_prefetches``: whether interleaved stores into large outputs get write
+    prefetches ahead of them (``prefetch_stores``, ``Machine.prefetches_store_streams``)."""
     if len(schedule) != len(program.ops):
         raise ScheduleError(f"{len(program.ops)} operations but {len(schedule)} op schedules")
     store = storages(program, specs)
@@ -1667,7 +1670,7 @@ def build_module(program: ix.Program, specs: tuple[ArgSpec, ...],
             body.append(k.Barrier())
     params = entry_params(specs)
     ordered = stores_as_ready(share_masked_loads(tuple(body), isa), isa.registers)
-    entry = k.Function(name, params,
-                       prefetch_stores(ordered, {p.name: p.extent for p in params}),
-                       exported=True)
+    if write_prefetches:
+        ordered = prefetch_stores(ordered, {p.name: p.extent for p in params})
+    entry = k.Function(name, params, ordered, exported=True)
     return mark_past_end(k.Module((entry,), entry=name), isa)
