@@ -398,7 +398,7 @@ def test_loop_iterations_are_reached_in_program_order():
     """C = alpha*(A0 + A1)'*B + beta*C with C 64 x 4 f64: summing A0 + A1 where it is
     used (two scalar loads, an add and a broadcast beside each FMA) had been modelled at
     its pipes' throughput, as if the core took its instructions 6 a cycle, and ran
-    1.43-1.61x as long as the sum stored in a temporary first (Zen 3, A/B). A loop's
+    1.21-1.61x as long as the sum stored in a temporary first (Zen 3, A/B). A loop's
     iterations, like straight-line code, are reached at ``IN_ORDER_RATE`` instructions
     a cycle: the sum is now stored first."""
     from blacc.strategy import small

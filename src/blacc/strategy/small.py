@@ -526,7 +526,7 @@ def _cycles(body: tuple[k.Stmt, ...], isa: Isa, loop: str | None = None,
             carried = max(inner.carried.values(), default=0)
             # iterations are reached in program order, as straight-line code is: C =
             # alpha*(A0 + A1)'*B + beta*C n x 4 x 4 f64 with the sum in scalar adds and
-            # broadcasts, modelled at its pipes' throughput, ran 1.43-1.61x as long as
+            # broadcasts, modelled at its pipes' throughput, ran 1.21-1.61x as long as
             # with the sum stored first (Zen 3, A/B; pools' regret 1.097 -> 1.077)
             total += max(trips * (inner.issue.cycles + LOOP_OVERHEAD),
                          trips * carried * FMA_LATENCY * exposed, inner.cycles,
