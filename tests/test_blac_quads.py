@@ -106,11 +106,12 @@ def test_pass_joins_quartered_rows(nrows):
     np.testing.assert_allclose(y, x[:4 * nrows].reshape(nrows, 4).sum(axis=1))
 
 
-def test_pass_joins_whole_quads_only():
-    # of 6 rows the first four join (a masked store) and two stay rows
+def test_pass_joins_whole_quads_and_sums_the_rest_in_part():
+    # of 6 rows the first four join (a masked store of a full vector) and the two left
+    # are summed in part of a vector of four (rows of four lanes)
     stores = [s for s in batch_row_sums(_quad_stores(6), AVX512) if isinstance(s, k.Store)]
-    assert [(s.value.lanes, s.count) for s in stores] == [(16, k.Const(4)), (1, None),
-                                                          (1, None)]
+    assert [(s.value.lanes, s.count) for s in stores] == [(16, k.Const(4)), (4, k.Const(2))]
+    assert stores[1].value.rows_per_vector == 1
 
 
 # ----------------------------------------------------------------------------- candidates

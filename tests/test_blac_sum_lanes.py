@@ -116,14 +116,45 @@ def _stores(body: tuple[k.Stmt, ...]) -> list[tuple[int, int]]:
     return [(int(s.index.value), s.value.lanes) for s in body if isinstance(s, k.Store)]
 
 
-def test_pass_joins_rows_and_keeps_the_rest_scalar():
-    body = batch_row_sums(tuple(_rows(6)), AVX2)
-    assert _stores(body) == [(0, 4), (4, 1), (5, 1)]
+def _run_rows(body: tuple[k.Stmt, ...], nrows: int, lanes: int = 4) -> np.ndarray:
+    """y after ``body`` (``_rows``' statements, joined or not) in the interpreter."""
+    params = (k.Param("x", "f32", pointer=True, const=True), k.Param("y", "f32", pointer=True),
+              k.Param("alpha", "f32"))
+    x = (np.arange(nrows * lanes, dtype=np.float32) % 11) / 4
+    y = np.arange(nrows + 2, dtype=np.float32) - 3  # two past the rows: left alone
+    interp.run(k.Module((k.Function("f", params, body, exported=True),), "f"),
+               {"x": x, "y": y, "alpha": np.float32(1.5)})
+    return y
+
+
+def test_pass_joins_rows_and_keeps_a_lone_row_scalar():
+    body = batch_row_sums(tuple(_rows(5)), AVX2)
+    assert _stores(body) == [(0, 4), (4, 1)]
     vector = next(s for s in body if isinstance(s, k.Store))
     assert isinstance(vector.value, k.Fma) and isinstance(vector.value.b, k.SumLanes)
     assert vector.value.c == k.Load("y", k.Const(0), "f32", 4)  # y read as one vector
     # it stands after the four accumulators
     assert body.index(vector) == 4
+
+
+@pytest.mark.parametrize("nrows, stores", [
+    (2, [(0, 4, 2)]), (3, [(0, 4, 3)]), (6, [(0, 4, None), (4, 4, 2)]),
+    (7, [(0, 4, None), (4, 4, 3)])])
+def test_pass_joins_rows_left_over_in_part_of_a_vector(nrows, stores):
+    """Rows that fill no vector are summed in one (the first repeated in the lanes past
+    them) and stored in part; the values are the rows' own."""
+    rows = tuple(_rows(nrows))
+    body = batch_row_sums(rows, AVX2)
+    got = [s for s in body if isinstance(s, k.Store)]
+    assert [(int(s.index.value), s.value.lanes, k.const_value(s.count)) for s in got] == stores
+    part = got[-1]
+    sums = part.value.b
+    assert isinstance(sums, k.SumLanes) and len(sums.xs) == 4
+    first = nrows // 4 * 4
+    assert sums.xs == tuple(_acc(first + r % (nrows - first)) for r in range(4))
+    # y read in part too: only the rows' elements
+    assert part.value.c == k.Load("y", k.Const(first), "f32", 4, k.Const(nrows - first))
+    np.testing.assert_array_equal(_run_rows(body, nrows), _run_rows(rows, nrows))
 
 
 def test_pass_transposes_wider_rows_first():
@@ -366,7 +397,11 @@ def test_pass_leaves_groups_it_cannot_prove(breaker):
             value = k.Bin("+", k.Reduce(_acc(r)), k.Load("y", k.Const(r), "f32"))
             rows[2 * r + 1] = k.Store("y", k.Const(r + 1), value)
     body = batch_row_sums(tuple(rows), AVX2)
-    assert all(lanes == 1 for _, lanes in _stores(body)), body
+    # rows before and after the breaker are not joined: row 0 stays scalar, and rows
+    # after it join only in part of a vector
+    vectors = [s for s in body if isinstance(s, k.Store) and s.value.lanes > 1]
+    assert all(s.index != k.Const(0) and 2 <= k.const_value(s.count) < 4
+               for s in vectors), body
 
 
 def test_pass_reaches_into_loops():
