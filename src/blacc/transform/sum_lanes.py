@@ -195,7 +195,7 @@ def _vector_stores(rows: list[k.Store], isa: Isa) -> list[list[k.Stmt]]:
     narrower vectors are tried: four of their rows are summed in one full vector. Rows
     left that fill no vector go in the narrowest vector wider than them, stored in part
     (after whole narrower vectors: four rows of 8 f32 are one ``SumRows`` into four
-    lanes, 13 instructions, where eight rows' transposition takes about twice that)."""
+    lanes, 11 instructions from gcc, where eight rows' transposition takes 22)."""
     out: list[list[k.Stmt]] = [[r] for r in rows]
     start = 0
     while start < len(rows):
@@ -294,7 +294,7 @@ def _sum_lanes(xs: list[k.Expr], n: int, isa: Isa, repeat: bool = False) -> k.Ex
         return None
     if repeat and len(xs) < n <= xs[0].lanes:  # fewer rows than lanes, which are not
         # stored past them: the rows repeated, which the C compiler's CSE can share (two
-        # rows: the transposition of four is half as long)
+        # rows of 4 f32 repeated: 6 instructions from gcc, four rows 9)
         xs = [xs[r % len(xs)] for r in range(n)]
     if len(xs) < n and 4 * xs[0].lanes != n:
         return None
