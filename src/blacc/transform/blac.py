@@ -19,6 +19,12 @@ per block, zipped into rows to be stored (``Zip``); the element-wise rest of the
 after another, can be read down its columns: its rows loaded and unzipped (``Unzip``;
 ``y = A*x`` with A n x 4 and the lanes along n, as gcc vectorizes it).
 
+Sums side by side in the body over one index and extent (``siblings``: the two products
+of ``y = alpha*A*x + beta*B*x``) are reduced together, their terms in one loop, an
+operand they share (x) loaded once per term for both: loaded per sum, a block of two
+rows of A and B 4 x 64 f64 loaded x four times, six loads per four FMAs where one loop
+takes nine per eight.
+
 Extents that are not multiples of the vector length end with narrower vectors
 (128-bit on AVX2; 256- and 128-bit on AVX-512) or a masked one — never a scalar tail
 where a vector op fits.
@@ -67,6 +73,7 @@ in memory order, each operand a term reads permuted into the lanes that need it.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 
@@ -293,6 +300,9 @@ class _Gen:
                            tuple[list[k.Stmt], list[k.Expr]]] = {}
         #: sums whose terms went into the parts of vectors (``OpSchedule.folds``)
         self.folds = 0
+        #: values of sums already reduced together with their siblings (``siblings``),
+        #: for the positions the expression around them is being evaluated at
+        self.reduced: dict[ix.Sum, list[k.Expr]] = {}
 
     def fresh(self, hint: str, lanes: int) -> k.Var:
         self.n += 1
@@ -308,12 +318,30 @@ class _Gen:
             return [self.combine("-", k.Const(0.0, self.dt), x)
                     for x in self.value(node.x, ctxs, out)]
         if isinstance(node, (ix.Add, ix.Mul)):
+            together = [g for g in siblings(node) if g[0] not in self.reduced]
+            if together:
+                return self.value_with(node, together, ctxs, out)
             a, b = self.value(node.a, ctxs, out), self.value(node.b, ctxs, out)
             op = "+" if isinstance(node, ix.Add) else "*"
             return [self.combine(op, x, y) for x, y in zip(a, b, strict=True)]
         if isinstance(node, ix.Sum):
-            return self.reduce(node, ctxs, out)
+            if node in self.reduced:
+                return self.reduced[node]
+            return self.reduce([node], ctxs, out)[0]
         raise TypeError(f"cannot generate {type(node).__name__}")
+
+    def value_with(self, node: ix.Node, together: list[list[ix.Sum]], ctxs: list[dict],
+                   out: list[k.Stmt]) -> list[k.Expr]:
+        """``node``'s values with each group of sibling sums in it (``together``)
+        reduced first, the sums of a group in one loop."""
+        saved = self.reduced
+        self.reduced = {**saved, **{s: v for group in together
+                                    for s, v in zip(group, self.reduce(group, ctxs, out),
+                                                    strict=True)}}
+        try:
+            return self.value(node, ctxs, out)
+        finally:
+            self.reduced = saved
 
     def lanes_of(self, ctx: dict) -> int:
         chunk = next((v for v in ctx.values() if isinstance(v, _Chunk)), None)
@@ -547,7 +575,12 @@ class _Gen:
             return k.quartered(e)
         return k.Broadcast(e, lanes)
 
-    def reduce(self, node: ix.Sum, ctxs: list[dict], out: list[k.Stmt]) -> list[k.Expr]:
+    def reduce(self, nodes: list[ix.Sum], ctxs: list[dict], out: list[k.Stmt]
+               ) -> list[list[k.Expr]]:
+        """The values of ``nodes``, sums over one index and extent (one sum, or siblings:
+        see ``siblings``), at every position of ``ctxs``, their terms in one loop: the
+        operands they share (x of ``alpha*A*x + beta*B*x``) loaded once per term."""
+        node = nodes[0]
         vectorized = node.index == self.s.vector
         pieces = (_lane_pieces(node.extent, self.isa, self.dt) if vectorized
                   else [_Chunk(i, 1, 1) for i in range(node.extent)])
@@ -556,7 +589,7 @@ class _Gen:
                  else [(c, (p,)) for p, c in enumerate(ctxs)])
         if units and len(units[0][1]) == 4:  # the whole sum in one quarter of a vector
             pieces = [_Chunk(0, node.extent, node.extent)]
-        if vectorized and not _zero_padded(node.body, node.index):
+        if vectorized and not all(_zero_padded(n.body, n.index) for n in nodes):
             raise ScheduleError(f"sum over {node.index!r} cannot run on lanes: a term does "
                                 "not vanish on masked lanes")
         parts = 1 if vectorized else self.fold_parts(node, ctxs)
@@ -564,7 +597,7 @@ class _Gen:
             whole = node.extent - node.extent % parts
             pieces = [*(_Chunk(t, parts, parts) for t in range(0, whole, parts)),
                       *(_Chunk(t, 1, 1) for t in range(whole, node.extent))]
-        results: list[k.Expr] = [k.Const(0.0, self.dt)] * len(ctxs)
+        results: list[list[k.Expr]] = [[k.Const(0.0, self.dt)] * len(ctxs) for _ in nodes]
         # one accumulator set per vector width used (full vectors, then the leftover)
         by_width: dict[int, list[_Chunk]] = {}
         for c in pieces:
@@ -574,26 +607,37 @@ class _Gen:
             folded = width if parts > 1 and width > 1 else 1
             lanes = [len(ps) * width if vectorized else folded * self.lanes_of(c)
                      for c, ps in units]
-            sets = [[self.fresh("acc", n) for n in lanes]
-                    for _ in range(nsets[width])]
-            self.accumulate(node, [c for c, _ in units], group, sets, vectorized, out,
+            sets = [[[self.fresh("acc", n) for n in lanes] for _ in range(nsets[width])]
+                    for _ in nodes]
+            self.accumulate(nodes, [c for c, _ in units], group, sets, vectorized, out,
                             folded)
-            for u, (_, positions) in enumerate(units):
-                partial: list[k.Expr] = [accs[u] for accs in sets]
-                while len(partial) > 1:  # a pairwise sum of the partial chains
-                    partial = [k.Bin("+", *partial[i:i + 2]) if i + 1 < len(partial)
-                               else partial[i] for i in range(0, len(partial), 2)]
-                acc = partial[0]
-                while acc.lanes > lanes[u] // folded:  # the parts of folded terms added
-                    acc = self.named(acc, out)
-                    acc = k.Bin("+", k.Half(acc, 0), k.Half(acc, 1))
-                for h, p in enumerate(positions):
-                    part = (k.Half(acc, h) if len(positions) == 2
-                            else k.Half(k.Half(acc, h // 2), h % 2) if len(positions) == 4
-                            else acc)
-                    total = k.Reduce(part) if vectorized and width > 1 else part
-                    results[p] = self.combine("+", results[p], total)
+            for node_sets, node_results in zip(sets, results, strict=True):
+                self.finish(node_sets, units, lanes, folded, vectorized and width > 1,
+                            node_results, out)
         return results
+
+    def finish(self, sets: list[list[k.Var]], units: list[tuple[dict, tuple[int, ...]]],
+               lanes: list[int], folded: int, on_lanes: bool, results: list[k.Expr],
+               out: list[k.Stmt]) -> None:
+        """One sum's accumulator ``sets`` of one width added into its ``results`` per
+        position: the partial chains summed pairwise, the parts of folded terms added, the
+        halves or quarters of paired rows taken apart, the lanes of a sum on them reduced
+        (``on_lanes``)."""
+        for u, (_, positions) in enumerate(units):
+            partial: list[k.Expr] = [accs[u] for accs in sets]
+            while len(partial) > 1:  # a pairwise sum of the partial chains
+                partial = [k.Bin("+", *partial[i:i + 2]) if i + 1 < len(partial)
+                           else partial[i] for i in range(0, len(partial), 2)]
+            acc = partial[0]
+            while acc.lanes > lanes[u] // folded:  # the parts of folded terms added
+                acc = self.named(acc, out)
+                acc = k.Bin("+", k.Half(acc, 0), k.Half(acc, 1))
+            for h, p in enumerate(positions):
+                part = (k.Half(acc, h) if len(positions) == 2
+                        else k.Half(k.Half(acc, h // 2), h % 2) if len(positions) == 4
+                        else acc)
+                total = k.Reduce(part) if on_lanes else part
+                results[p] = self.combine("+", results[p], total)
 
     def fold_parts(self, node: ix.Sum, ctxs: list[dict]) -> int:
         """How many terms of ``node`` (a sum not on lanes) go into the parts of each
@@ -660,44 +704,60 @@ class _Gen:
         return [({**ctxs[p], dim: _Pair(ctxs[p][dim], 4)}, (p, p + 1, p + 2, p + 3))
                 for p in range(0, len(ctxs), 4)]
 
-    def step(self, node: ix.Sum, ctxs: list[dict], value: k.Expr | _Chunk,
-             accs: list[k.Var], body: list[k.Stmt], first: bool = False) -> None:
-        """One term of the sum for every position of the block; the ``first`` term
-        declares the accumulators (a product, not an FMA onto zero: no zeroing, and the
-        C compiler need not copy a shared operand that a destructive FMA would
-        overwrite). An operand value shared by several positions (a row of B across the
-        rows of a C tile, a broadcast element of A across its vectors) is loaded once
+    def step(self, nodes: list[ix.Sum], ctxs: list[dict], value: k.Expr | _Chunk,
+             accs: list[list[k.Var]], body: list[k.Stmt], first: bool = False) -> None:
+        """One term of each sum of ``nodes`` (over one index) for every position of the
+        block, into that sum's ``accs``; the ``first`` term declares the accumulators (a
+        product, not an FMA onto zero: no zeroing, and the C compiler need not copy a
+        shared operand that a destructive FMA would overwrite). An operand value shared
+        by several positions or sums (a row of B across the rows of a C tile, a
+        broadcast element of A across its vectors, x across A*x and B*x) is loaded once
         into a variable, just before its first use: the register tile of a GEMM
         micro-kernel."""
-        inner = [{**c, node.index: value} for c in ctxs]
-        if isinstance(node.body, ix.Mul):
-            a = self.value(node.body.a, inner, body)
-            b = self.value(node.body.b, inner, body)
-            pairs = self.shared_splats([(self.widen(x, acc.lanes), self.widen(y, acc.lanes))
-                                        for acc, x, y in zip(accs, a, b, strict=True)], body)
-            uses: dict[k.Expr, int] = {}
-            for e in (e for pair in pairs for e in pair):
-                uses[e] = uses.get(e, 0) + 1
-            named: dict[k.Expr, k.Expr] = {}
+        inner = [{**c, nodes[0].index: value} for c in ctxs]
+        # per sum, (acc, x, y): acc += x*y, or (acc, x, None): acc += x
+        terms: list[list[tuple[k.Var, k.Expr, k.Expr | None]]] = []
+        for node, node_accs in zip(nodes, accs, strict=True):
+            if isinstance(node.body, ix.Mul):
+                a = self.value(node.body.a, inner, body)
+                b = self.value(node.body.b, inner, body)
+                terms.append([(acc, self.widen(x, acc.lanes), self.widen(y, acc.lanes))
+                              for acc, x, y in zip(node_accs, a, b, strict=True)])
+            else:
+                terms.append([(acc, self.widen(x, acc.lanes), None) for acc, x
+                              in zip(node_accs, self.value(node.body, inner, body), strict=True)])
+        pairs = iter(self.shared_splats([(x, y) for sum_terms in terms
+                                         for _, x, y in sum_terms if y is not None], body))
+        terms = [[(acc, *next(pairs)) if y is not None else (acc, x, y)
+                  for acc, x, y in sum_terms] for sum_terms in terms]
+        uses: Counter[k.Expr] = Counter()
+        tiled: set[k.Expr] = set()  # shared by the positions of one sum: a register tile
+        for sum_terms in terms:
+            own = Counter(e for _, x, y in sum_terms if y is not None for e in (x, y))
+            tiled |= {e for e, n in own.items() if n > 1}
+            uses += own
+        named: dict[k.Expr, k.Expr] = {}
 
-            def operand(e: k.Expr) -> k.Expr:
-                if uses[e] < 2 or isinstance(e, (k.Var, k.Const)) or _constant(e):
-                    return e
-                if e not in named:
-                    var = self.fresh("v", e.lanes)
-                    shared_load = isinstance(e, k.Load) and e.lanes > 1
-                    body.append(k.Decl(var, e, in_register=shared_load))
-                    named[e] = var
-                return named[e]
+        def operand(e: k.Expr) -> k.Expr:
+            if uses[e] < 2 or isinstance(e, (k.Var, k.Const)) or _constant(e):
+                return e
+            if e not in named:
+                var = self.fresh("v", e.lanes)
+                # a tile's shared load is kept in a register; one shared by sibling sums
+                # only (x of A*x and B*x in a block of one row) gcc may keep for the next
+                # rows too, as it does with the loads of separate sums
+                shared_load = isinstance(e, k.Load) and e.lanes > 1 and e in tiled
+                body.append(k.Decl(var, e, in_register=shared_load))
+                named[e] = var
+            return named[e]
 
-            for acc, (x, y) in zip(accs, pairs, strict=True):
-                x, y = operand(x), operand(y)
-                body.append(k.Decl(acc, k.Bin("*", x, y)) if first
-                            else k.Assign(acc, k.Fma(x, y, acc)))
-            return
-        for acc, x in zip(accs, self.value(node.body, inner, body), strict=True):
-            x = self.widen(x, acc.lanes)
-            body.append(k.Decl(acc, x) if first else k.Assign(acc, k.Bin("+", acc, x)))
+        for acc, x, y in (term for sum_terms in terms for term in sum_terms):
+            if y is None:
+                body.append(k.Decl(acc, x) if first else k.Assign(acc, k.Bin("+", acc, x)))
+                continue
+            x, y = operand(x), operand(y)
+            body.append(k.Decl(acc, k.Bin("*", x, y)) if first
+                        else k.Assign(acc, k.Fma(x, y, acc)))
 
     def shared_splats(self, pairs: list[tuple[k.Expr, k.Expr]], body: list[k.Stmt]
                       ) -> list[tuple[k.Expr, k.Expr]]:
@@ -735,16 +795,16 @@ class _Gen:
 
         return [(splat(x), splat(y)) for x, y in pairs]
 
-    def accumulate(self, node: ix.Sum, ctxs: list[dict], group: list[_Chunk],
-                   sets: list[list[k.Var]], vectorized: bool, out: list[k.Stmt],
+    def accumulate(self, nodes: list[ix.Sum], ctxs: list[dict], group: list[_Chunk],
+                   sets: list[list[list[k.Var]]], vectorized: bool, out: list[k.Stmt],
                    folded: int = 1) -> None:
-        """Terms of ``group`` (pieces of one width) into the accumulator ``sets``, term t
-        into set t % len(sets): the first term of each set declares it, the others follow
-        as straight-line code, or as a loop whose body holds one term per set when there
-        are many full pieces. ``folded``: each piece is that many terms, one per part of
-        the accumulators (``OpSchedule.folds``)."""
+        """Terms of ``group`` (pieces of one width) of each sum of ``nodes`` into its
+        accumulator ``sets``, term t into set t % len(sets): the first term of each set
+        declares it, the others follow as straight-line code, or as a loop whose body
+        holds one term per set when there are many full pieces. ``folded``: each piece is
+        that many terms, one per part of the accumulators (``OpSchedule.folds``)."""
         width = group[0].width
-        nsets = len(sets)
+        nsets = len(sets[0])
 
         def piece(c: _Chunk, start: k.Expr | None = None) -> k.Expr | _Chunk | _Pair:
             first = c.start_expr if start is None else start
@@ -752,8 +812,11 @@ class _Gen:
                 return c if start is None else _Chunk(start, width, width)
             return _Pair(first, folded) if folded > 1 else first
 
+        def term(t: int) -> list[list[k.Var]]:  # every sum's set t
+            return [node_sets[t] for node_sets in sets]
+
         for t in range(nsets):
-            self.step(node, ctxs, piece(group[t]), sets[t], out, first=True)
+            self.step(nodes, ctxs, piece(group[t]), term(t), out, first=True)
         rest = group[nsets:]
         uniform = bool(rest) and not any(c.masked or c.width != width for c in rest)
         looped = ((vectorized or folded > 1) and uniform and len(rest) > self.s.unroll // width
@@ -761,16 +824,16 @@ class _Gen:
         rounds = len(rest) // nsets if looped else 0
         if rounds > 1:
             # a loop over full vectors (or scalars); chunk starts become a loop variable
-            var = k.Var(f"{self.prefix}{node.index}")
+            var = k.Var(f"{self.prefix}{nodes[0].index}")
             body: list[k.Stmt] = []
-            for n, accs in enumerate(sets):
-                self.step(node, ctxs, piece(rest[n], var + n * width), accs, body)
+            for n in range(nsets):
+                self.step(nodes, ctxs, piece(rest[n], var + n * width), term(n), body)
             first = rest[0].start
             out.append(k.For(var, k.Const(first), k.Const(first + rounds * nsets * width),
                              nsets * width, tuple(body)))
             rest = rest[rounds * nsets:]
         for t, c in enumerate(rest):
-            self.step(node, ctxs, piece(c), sets[t % nsets], out)
+            self.step(nodes, ctxs, piece(c), term(t % nsets), out)
 
 
 def _next_along(c: dict, d: dict, dims: tuple[str, str]) -> str | None:
@@ -1626,6 +1689,24 @@ def _quad_candidates(program: ix.Program, op: ix.Op, isa: Isa, v: str, extent: d
 def sums_of(n: ix.Node) -> list[ix.Sum]:
     own = [n] if isinstance(n, ix.Sum) else []
     return own + [s for c in ix.children(n) for s in sums_of(c)]
+
+
+def _outer_sums(n: ix.Node) -> list[ix.Sum]:
+    """The sums in ``n`` not inside another sum, in order."""
+    if isinstance(n, ix.Sum):
+        return [n]
+    return [s for c in ix.children(n) for s in _outer_sums(c)]
+
+
+def siblings(n: ix.Node) -> list[list[ix.Sum]]:
+    """Groups of two or more distinct sums of ``n``, none inside another, over the same
+    index and extent: ``alpha*sum_k A(i,k)*x(k) + beta*sum_k B(i,k)*x(k)``. A group is
+    reduced in one loop (``_Gen.reduce``), x loaded once for both products: y = alpha*A*x
+    + beta*B*x with A, B 4 x 64 f64 loaded x four times in two loops per pair of rows."""
+    groups: dict[tuple[str, int], list[ix.Sum]] = {}
+    for s in dict.fromkeys(_outer_sums(n)):
+        groups.setdefault((s.index, s.extent), []).append(s)
+    return [g for g in groups.values() if len(g) > 1]
 
 
 def entry_params(specs: tuple[ArgSpec, ...]) -> tuple[k.Param, ...]:
