@@ -23,6 +23,7 @@ from blacc.strategy.small import options
 from blacc.target.isa import AVX2, AVX512
 from blacc.target.machine import Machine
 from blacc.transform.blac import OpSchedule, build_module, candidates
+from blacc.transform.index_notation import forms
 from test_blac_programs import PROGRAMS, assert_matches, decls_of, make_values, run_interp, seed_of
 
 #: (program, (m, n, k, p)) for C = op(A) * B shapes: n x 4 * 4 x 4, 4 x 4 * 4 x n,
@@ -462,6 +463,34 @@ def test_column_loop_hoists_the_broadcasts():
     assert_matches(p.typed, values, run_interp(module, p.specs, p.typed, values), "loop")
     tall = build_module(p.indexed, p.specs, (OpSchedule("j", (4, 3)),), AVX2, "t")
     assert not any(isinstance(s, k.For) for s in tall.function(tall.entry).body)
+
+
+def test_column_loop_hoists_broadcasts_of_computed_values():
+    """C(4 x 32) = alpha*(A0 + A1)'*B + beta*C f64 in 1 x 4 blocks: per row a loop over
+    the columns with the row's four broadcasts of A0(k, i) + A1(k, i) declared before it
+    (gcc hoists them anyway, and a loop the model counted without them spilled), and a
+    barrier after each row's loop, which gcc unrolls (two trips): else the next row's
+    loads of B are this row's, kept live and spilled. In 2 x 4 blocks the eight
+    broadcasts do not fit beside the block: straight-line code."""
+    decls = dict(A0=blacc.Matrix(4, 4, "f64"), A1=blacc.Matrix(4, 4, "f64"),
+                 B=blacc.Matrix(4, 32, "f64"), C=blacc.Matrix(4, 32, "f64"),
+                 alpha=blacc.Scalar("f64"), beta=blacc.Scalar("f64"))
+    p = plan("C = alpha*(A0 + A1)'*B + beta*C", target="avx2", **decls)
+    form = next(f for f in forms(p.typed) if len(f.ops) == 1)  # (A0 + A1) in the sum
+    module = build_module(form, p.specs, (OpSchedule("j", (1, 4)),), AVX2, "t")
+    body = module.function(module.entry).body
+    loops = [n for n, s in enumerate(body) if isinstance(s, k.For)]
+    assert len(loops) == 4
+    for n in loops:
+        assert not [b for b in nodes_of(body[n].body, k.Broadcast) if nodes_of(b.value, k.Load)]
+        hoisted = [s for s in body[n - 4:n] if isinstance(s, k.Decl)
+                   and isinstance(s.value, k.Broadcast) and isinstance(s.value.value, k.Bin)]
+        assert len(hoisted) == 4
+        assert isinstance(body[n + 1], k.Barrier)
+    values = make_values(decls, "f64", np.random.default_rng(4))
+    assert_matches(p.typed, values, run_interp(module, p.specs, p.typed, values), "loop")
+    wide = build_module(form, p.specs, (OpSchedule("j", (2, 4)),), AVX2, "t")
+    assert not nodes_of(wide.function(wide.entry).body, k.For)
 
 
 def test_a_narrower_leftover_takes_the_hoisted_broadcasts():
