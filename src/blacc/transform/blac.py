@@ -1259,7 +1259,7 @@ def _hoist_broadcasts(gen: _Gen, body: list[k.Stmt], var: k.Var, budget: int,
     quarter), or None when there are more than ``budget``. C compilers do not hoist a
     broadcast-load intrinsic out of a loop that stores, but they do hoist a broadcast of
     scalars loaded and added: left in the loop, those of C = alpha*(A0 + A1)'*B + beta*C
-    4 x 4 x 32 f64 in blocks of 2 x 4 were hoisted by gcc and spilled (121 accesses to
+    4 x 4 x 32 f64 in blocks of 2 x 4 were hoisted by gcc and spilled (117 accesses to
     the stack), and the kernel ran 53 ns a call against 43 for a block the model ranked
     below it."""
     written = {s.buf for s in nodes_of(tuple(body), k.Store)}  # buffers stored to inside
