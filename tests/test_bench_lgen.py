@@ -122,6 +122,8 @@ def test_model_fit_collects_and_judges_the_model(tmp_path, capsys):
     assert all(c["ns"] > 0 for c in entry["candidates"])
     model_fit.evaluate([entry], {"WINDOW": 0.0})
     assert "regret" in capsys.readouterr().out
+    model_fit.evaluate([entry], {}, generic=True)  # the constants' pipes on any machine
+    assert "(generic pipes)" in capsys.readouterr().out
     # two ISAs, the model right on one and wrong on the other, and the rule's choice
     # (isa_cost: as modelled for the choice between ISAs, here the same)
     fake = {"candidates": [{"isa": "avx2", "cost": 10.0, "ns": 2.0},

@@ -5,6 +5,7 @@
     python benchmarks/lgen/model_fit.py collect POOLS.jsonl --cases 'gemv_*'
     python benchmarks/lgen/model_fit.py evaluate POOLS.jsonl
     python benchmarks/lgen/model_fit.py evaluate POOLS.jsonl --set WINDOW=0 --set WINDOW=64
+    python benchmarks/lgen/model_fit.py evaluate POOLS.jsonl.gz --generic   # gzipped too
 
 ``collect`` times, per case, the pool an exhaustive search would time (every index form,
 each ISA of this machine, the best-modelled first, up to 24 kernels per ISA) with the same
@@ -21,12 +22,13 @@ judged within the pool: a setting that would pick a kernel outside it is not see
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import math
 import random
 import sys
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -41,7 +43,9 @@ from blacc.transform.blac import OpSchedule, build_module  # noqa: E402
 
 #: Constants ``--set`` may change.
 TUNABLE = ("WINDOW", "CALL_CYCLES", "WIDER_GAIN", "FMA_LATENCY", "BROADCAST_FP",
-           "MASKED_STORE", "MASKED_LOAD", "LOOP_OVERHEAD", "READ_BACK_CYCLES")
+           "MASKED_STORE", "MASKED_LOAD", "LOOP_OVERHEAD", "READ_BACK_CYCLES",
+           "INTEL_SHUFFLE_PIPES", "INTEL_PAIR_SHUFFLE", "INTEL_WIDE_FP_AND_SHUFFLE_PIPES",
+           "INTEL_BROADCAST_FP", "INTEL_WIDER_GAIN")
 RULES = [(call, gain) for call in (0.0, 2.0, 4.0, 8.0, 16.0, 32.0)
          for gain in (1.0, 1.1, 1.2, 1.3, 1.4, 1.5, 1.6, 1.8)]
 
@@ -76,11 +80,18 @@ def _schedule(fields: dict) -> OpSchedule:
     return OpSchedule(**{**fields, "block": tuple(fields["block"])})
 
 
+def _text(path: Path) -> str:
+    """A pools file, gzipped where its name ends in .gz (as kept in benchmarks/results)."""
+    if path.suffix == ".gz":
+        return gzip.decompress(path.read_bytes()).decode()
+    return path.read_text()
+
+
 def load(path: Path) -> list[dict]:
     """The collected cases, each candidate with its module rebuilt from the sources."""
     by_id = {c.cid: c for c in h.all_cases()}
     cases = []
-    for line in path.read_text().splitlines():
+    for line in _text(path).splitlines():
         entry = json.loads(line)
         specs, forms = _program(by_id[entry["case"]])
         for c in entry["candidates"]:
@@ -114,19 +125,23 @@ def regrets(cases: list[dict], call: float, gain: float) -> dict[str, list[float
     return out
 
 
-def evaluate(cases: list[dict], setting: dict[str, float]) -> None:
+def evaluate(cases: list[dict], setting: dict[str, float], generic: bool = False) -> None:
     saved = {name: getattr(small, name) for name in setting}
     try:
         for name, value in setting.items():
             setattr(small, name, value)
         machine = blacs.host_target().machine  # as blacs.plan chooses
+        if generic:  # the model's constants for every machine's pipes
+            machine = replace(machine, vendor="unknown")
         for case in cases:
             for c in case["candidates"]:
-                c["cost"] = small.program_cost(*c["cost_args"])
+                core = small.core_for(machine, c["cost_args"][3])
+                c["cost"] = small.program_cost(*c["cost_args"], core=core)
                 c["isa_cost"] = small.isa_choice_cost(*c["cost_args"], machine)
-        got = regrets(cases, small.CALL_CYCLES, small.WIDER_GAIN)
+        got = regrets(cases, small.CALL_CYCLES, small.wider_gain(machine))
         best = min(RULES, key=lambda r: _geomean(regrets(cases, *r)["rule"]))
-        label = ", ".join(f"{k}={v:g}" for k, v in setting.items()) or "as is"
+        label = (", ".join(f"{k}={v:g}" for k, v in setting.items()) or "as is") + (
+            " (generic pipes)" if generic else "")
         print(f"{label}: {len(cases)} cases, regret {_geomean(got['rule']):.4f} "
               f"({sum(r > 1.2 for r in got['rule'])} above 1.2x); "
               + ", ".join(f"{k} {_geomean(v):.4f}" for k, v in got.items() if k != "rule")
@@ -156,11 +171,16 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--set", action="append", default=[], metavar="NAME=VALUE[,...]",
                     help="a setting of the model's constants to evaluate (evaluate); the "
                     "sources' own values are always evaluated first")
+    ap.add_argument("--generic", action="store_true",
+                    help="also evaluate the model with its constants' pipes on every machine, "
+                    "not this machine's (``strategy.small.core_for``)")
     args = ap.parse_args(argv)
     if args.command == "collect":
         collect(args.pools, args.cases)
         return
     cases = load(args.pools)
+    if args.generic:
+        evaluate(cases, {}, generic=True)
     for setting in [{}, *map(_setting, args.set)]:
         evaluate(cases, setting)
 

@@ -32,8 +32,10 @@ from .runtime.plan_cache import Choice, remembered
 from .runtime.signature import ArgSpec
 from .strategy.small import (
     SEARCHES,
+    Core,
     cheapest_form,
     choose,
+    core_for,
     isa_choice_cost,
     options,
     search_pool,
@@ -177,8 +179,9 @@ def _search_pool(candidates: tuple[ix.Program, ...], specs: tuple[ArgSpec, ...],
     'exhaustive' and in a random order for 'random', one per distinct C source, at most
     ``SEARCH_BUDGET``."""
     ranked = [(cost, form, schedule) for i, form in enumerate(candidates)
-              for cost, schedule in search_pool(options(form, specs, isa, keep=SEARCH_OPTIONS),
-                                                search, budget=SEARCH_BUDGET, seed=i)]
+              for cost, schedule in search_pool(
+                  options(form, specs, isa, keep=SEARCH_OPTIONS, core=_core(isa)),
+                  search, budget=SEARCH_BUDGET, seed=i)]
     if search == "exhaustive":
         ranked.sort(key=lambda c: c[0])
     else:  # every form's draws in one random order: the first form must not fill the pool
@@ -190,7 +193,7 @@ def _search_pool(candidates: tuple[ix.Program, ...], specs: tuple[ArgSpec, ...],
                                   write_prefetches=_write_prefetches())
         except ScheduleError:  # each operation's schedule builds, but not this combination
             continue
-        module = split_short_updates(module, form, schedule, isa)
+        module = split_short_updates(module, form, schedule, isa, _core(isa))
         pool.setdefault(c_backend.render(module, isa), Candidate(isa, form, schedule, module))
         if len(pool) == SEARCH_BUDGET:
             break
@@ -203,10 +206,16 @@ def _write_prefetches() -> bool:
     return host_target().machine.prefetches_store_streams
 
 
+def _core(isa: Isa) -> Core:
+    """The pipes the cost model gives ``isa`` on this machine (``core_for``)."""
+    return core_for(host_target().machine, isa)
+
+
 def _split_updates(p: Plan) -> Plan:
     """``p`` with its updates in place split where that pays (``split_short_updates``),
     once the ISA is chosen: the choice between ISAs was fitted on kernels without."""
-    return replace(p, module=split_short_updates(p.module, p.indexed, p.schedule, p.isa))
+    return replace(p, module=split_short_updates(p.module, p.indexed, p.schedule, p.isa,
+                                                 _core(p.isa)))
 
 
 def _model_plan(typed: TypedProgram, specs: tuple[ArgSpec, ...], isa: Isa,
@@ -215,9 +224,10 @@ def _model_plan(typed: TypedProgram, specs: tuple[ArgSpec, ...], isa: Isa,
     candidate takes up to ~2 s, and a program is usually compiled again and again. A
     remembered choice is checked by building it, and that build is the plan's module."""
     built: dict[Choice, k.Module] = {}
+    core = _core(isa)
 
     def decide() -> Choice:
-        indexed, per_op = cheapest_form(candidates, specs, isa)
+        indexed, per_op = cheapest_form(candidates, specs, isa, core)
         return candidates.index(indexed), choose(indexed, specs, isa, per_op=per_op)
 
     def fits(choice: Choice) -> bool:
@@ -238,7 +248,7 @@ def _model_plan(typed: TypedProgram, specs: tuple[ArgSpec, ...], isa: Isa,
         return True
 
     parts = {"statements": _statement_text(typed), "specs": [asdict(s) for s in specs],
-             "target": isa.name}
+             "target": isa.name, "core": asdict(core)}
     form, schedule = choice = remembered(parts, decide, fits)
     indexed = candidates[form]
     module = built.get(choice) or build_module(indexed, specs, schedule, isa, name,

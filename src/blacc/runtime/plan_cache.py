@@ -4,7 +4,8 @@ Choosing a form and schedules for a small program builds and models every candid
 (0.02-2 s); compiling the chosen kernel is then a cache hit from the second process on.
 So the choice is cached too: a small JSON entry (which index form, and each operation's
 ``OpSchedule``) in the kernel cache, under a key made of the program's statements, its
-operand specs, the target and a hash of blacc's own sources, so that any change to the
+operand specs, the target, the pipes the model gives it on this machine
+(``strategy.small.core_for``) and a hash of blacc's own sources, so that any change to the
 planner makes new entries. Entries go through ``KernelCache`` (private directory, atomic
 publication, SHA-256 checked before reading) and are parsed as JSON and checked field by
 field; anything unexpected is ignored and the choice is made again.

@@ -98,6 +98,59 @@ FRONTEND_RATE = 2.75
 WINDOW = 128
 
 
+@dataclass(frozen=True)
+class Core:
+    """The pipes a core gives one ISA's vector instructions, where cores differ: how many
+    take shuffles, how many take FP instructions and shuffles together, and the FP issue
+    slots a broadcast from memory takes (``BROADCAST_FP``). ``core_for`` gives a
+    machine's."""
+
+    shuffle_pipes: float
+    fp_and_shuffle_pipes: float
+    broadcast_fp: float
+    #: shuffles charged for one that takes two vectors (vpermt2ps, an unpack); 2 where
+    #: two pipes take shuffles (``_zip_shuffles``)
+    pair_shuffle: float = 2.0
+
+
+def _core(core: Core | None) -> Core:
+    """``core``, or the one the model's constants describe (Zen 3, and the default)."""
+    if core is not None:
+        return core
+    return Core(SHUFFLE_PIPES, FP_AND_SHUFFLE_PIPES, BROADCAST_FP)
+
+
+def core_for(machine: Machine, isa: Isa) -> Core:
+    """The pipes ``machine`` gives ``isa``'s kernels. Intel's cores (Skylake-SP to Granite
+    Rapids) shuffle across 128-bit lanes on port 5 alone, so the model counts one shuffle
+    pipe, and one shuffle for an instruction that takes two vectors (vpermt2ps, an
+    unpack). With 512-bit vectors port 5 is also the second FMA pipe (ports 0 and 1 fused
+    make the first; while 512-bit instructions run, port 1 takes no vector instruction):
+    two pipes for FP instructions and shuffles together, and a broadcast from memory is a
+    load alone. Other cores: the model's constants (two shuffle pipes beside the FMA
+    pipes, as on AMD's)."""
+    if machine.vendor != "GenuineIntel":
+        return _core(None)
+    if isa.mask_registers:
+        return Core(INTEL_SHUFFLE_PIPES, INTEL_WIDE_FP_AND_SHUFFLE_PIPES, INTEL_BROADCAST_FP,
+                    INTEL_PAIR_SHUFFLE)
+    return Core(INTEL_SHUFFLE_PIPES, FP_AND_SHUFFLE_PIPES, BROADCAST_FP, INTEL_PAIR_SHUFFLE)
+
+
+#: ``core_for`` on Intel's cores. Over the pools of LGen's 510 cases on a Xeon (every
+#: candidate of an exhaustive search timed, ``benchmarks/lgen/model_fit.py``) the
+#: model's pick ran 1.0501x the fastest candidate's time (geomean; 1.0623x on the
+#: constants' pipes), its AVX-512 pick 1.0442x the fastest AVX-512 candidate's (1.0613x),
+#: its AVX2 pick 1.0307x (1.0327x). AVX-512's shuffles alone on one pipe, or its
+#: broadcasts alone free, did not help (on 195 of the cases: 1.0690 and 1.0664, 1.0658
+#: neither, 1.0451 both); AVX2's broadcasts free did not (1.0368 against 1.0360), nor did
+#: reaching 6 instructions a cycle rather than ``IN_ORDER_RATE`` (1.0514 against 1.0451).
+INTEL_SHUFFLE_PIPES = 1
+INTEL_PAIR_SHUFFLE = 1.0
+INTEL_WIDE_FP_AND_SHUFFLE_PIPES = 2
+INTEL_BROADCAST_FP = 0.0
+
+
 @dataclass
 class _Issue:
     """Instructions of a piece of code by the resource they occupy (``other``: integer
@@ -136,10 +189,11 @@ class _Issue:
         """Instructions dispatched."""
         return self.fp + self.loads + self.stores + self.other + self.shuffles - self.pieces
 
-    @property
-    def cycles(self) -> float:
-        return max(self.fp / FP_PIPES, self.shuffles / SHUFFLE_PIPES,
-                   (self.fp + self.shuffles) / FP_AND_SHUFFLE_PIPES,
+    def cycles(self, core: Core | None = None) -> float:
+        """Issue time on ``core``'s pipes (None: the model's constants)."""
+        core = _core(core)
+        return max(self.fp / FP_PIPES, self.shuffles / core.shuffle_pipes,
+                   (self.fp + self.shuffles) / core.fp_and_shuffle_pipes,
                    self.loads / LOAD_PORTS, self.stores / STORE_PORTS,
                    self.total / DISPATCH)
 
@@ -155,7 +209,7 @@ def _uses(e: k.Expr, name: str) -> bool:
 def _expr_issue(e: k.Expr, acc: _Issue, isa: Isa, loop: str | None = None,
                 joined: set[k.Expr] | None = None, datapath: int = 0,
                 single: frozenset[k.Expr] | None = None,
-                read: frozenset[str] = frozenset()) -> None:
+                read: frozenset[str] = frozenset(), core: Core | None = None) -> None:
     """Add the instructions of ``e`` to ``acc``. Inside a loop over ``loop``, a load whose
     address does not depend on it is hoisted out of the loop by the C compiler (B of
     ``C(n x 4) = A*B(4x4)`` stays in registers across the rows): it costs nothing there.
@@ -164,7 +218,7 @@ def _expr_issue(e: k.Expr, acc: _Issue, isa: Isa, loop: str | None = None,
     from memory that occur once in the kernel (``_single_broadcasts``). ``read``: the
     buffers the kernel reads back (``Isa.plain_moves``)."""
     own = _Issue()
-    _node_issue(e, own, acc, isa, loop, joined, datapath, single, read)
+    _node_issue(e, own, acc, isa, loop, joined, datapath, single, read, core)
     pieces = 1 if _from_memory(e) else _pieces(e.lanes, e.dtype, datapath)
     acc += own if pieces == 1 else own.split(pieces)
 
@@ -205,7 +259,8 @@ def _pieces(lanes: int, dtype: str, datapath: int) -> int:
 
 def _node_issue(e: k.Expr, own: _Issue, acc: _Issue, isa: Isa, loop: str | None,
                 joined: set[k.Expr] | None, datapath: int,
-                single: frozenset[k.Expr] | None, read: frozenset[str]) -> None:
+                single: frozenset[k.Expr] | None, read: frozenset[str],
+                core: Core | None) -> None:
     """``_expr_issue``: the instructions of ``e`` itself into ``own``, those of its operands
     into ``acc``."""
     if isinstance(e, k.Load):
@@ -228,7 +283,7 @@ def _node_issue(e: k.Expr, own: _Issue, acc: _Issue, isa: Isa, loop: str | None,
             own.loads += 1.0
             if single is None or not isa.mask_registers:
                 # (AVX-512 cores take it as a load alone: Zen 4 and 5, Intel since Skylake)
-                own.fp += BROADCAST_FP
+                own.fp += _core(core).broadcast_fp
         elif not isinstance(e.value, (k.Const, k.Var)):
             # a splat of a constant or of a scalar variable (alpha) is hoisted by the C
             # compiler; one of a computed value costs a shuffle (vbroadcastsd from a
@@ -236,7 +291,7 @@ def _node_issue(e: k.Expr, own: _Issue, acc: _Issue, isa: Isa, loop: str | None,
             # C = alpha*(A0 + A1)'*B + beta*C, 4 x 4 x 12 f32, was modelled slower than
             # its temporary form, which ran 1.45x as long on Zen 5.
             own.shuffles += 1.0
-            _expr_issue(e.value, acc, isa, loop, joined, datapath, single, read)
+            _expr_issue(e.value, acc, isa, loop, joined, datapath, single, read, core)
     elif isinstance(e, (k.Fma, k.Bin)):
         if joined is not None and _recomputed(e):
             if e in joined:  # computed once by the C compiler, and kept
@@ -251,26 +306,26 @@ def _node_issue(e: k.Expr, own: _Issue, acc: _Issue, isa: Isa, loop: str | None,
                 # the load of an EVEX operand {1toN}: no broadcast of its own
                 own.loads += 1.0
             else:
-                _expr_issue(part, acc, isa, loop, joined, datapath, single, read)
+                _expr_issue(part, acc, isa, loop, joined, datapath, single, read, core)
     elif isinstance(e, k.Halves):
         lo = e.lo
         if lo == e.hi and isinstance(lo, k.Load) and lo.count is None:
             # one load duplicated into both halves (vbroadcastf128): a load, no FP slot
-            _expr_issue(lo, acc, isa, loop, joined, datapath, single, read)
+            _expr_issue(lo, acc, isa, loop, joined, datapath, single, read, core)
             return
         if (quarter := k.quartered_load(e)) is not None:  # the same in four quarters
-            _expr_issue(quarter, acc, isa, loop, joined, datapath, single, read)
+            _expr_issue(quarter, acc, isa, loop, joined, datapath, single, read, core)
             return
         # joining two halves takes a shuffle (vinsertf128, its load folded)
         own.shuffles += 1.0
-        _expr_issue(lo, acc, isa, loop, joined, datapath, single, read)
-        _expr_issue(e.hi, acc, isa, loop, joined, datapath, single, read)
+        _expr_issue(lo, acc, isa, loop, joined, datapath, single, read, core)
+        _expr_issue(e.hi, acc, isa, loop, joined, datapath, single, read, core)
     elif isinstance(e, k.BuildVector):
         # scalar loads joined by inserts (vmovhpd, vinsertps, vinsertf128 with their
         # loads folded): a shuffle per element after the first, zeros free
         own.shuffles += max(0, sum(not isinstance(x, k.Const) for x in e.xs) - 1)
         for x in e.xs:
-            _expr_issue(x, acc, isa, loop, joined, datapath, single, read)
+            _expr_issue(x, acc, isa, loop, joined, datapath, single, read, core)
     elif isinstance(e, k.HalfSplat):
         # a shuffle with an immediate (vpermilps), its load folded; two rows joined from
         # two loads are joined once for all the lanes splatted from them (the C compiler
@@ -280,14 +335,14 @@ def _node_issue(e: k.Expr, own: _Issue, acc: _Issue, isa: Isa, loop: str | None,
             if e.x in joined:
                 return
             joined.add(e.x)
-        _expr_issue(e.x, acc, isa, loop, joined, datapath, single, read)
+        _expr_issue(e.x, acc, isa, loop, joined, datapath, single, read, core)
     elif isinstance(e, k.Spread):
         # a load and one shuffle (vpermps, vpermpd; on AVX2 vbroadcastsd from memory, a
         # load alone, and an in-lane vpermilps). (Charged two shuffles, the model took
         # rows held in pairs over folded sums and ran 0.90x as fast on the 30 LGen cases
         # that changed: Zen 5, same-session A/B.)
         own.shuffles += 1.0
-        _expr_issue(e.x, acc, isa, loop, joined, datapath, single, read)
+        _expr_issue(e.x, acc, isa, loop, joined, datapath, single, read, core)
     elif isinstance(e, k.Half):
         if e.which:  # the high half needs vextractf128; the low one is free
             own.shuffles += 1.0
@@ -295,19 +350,19 @@ def _node_issue(e: k.Expr, own: _Issue, acc: _Issue, isa: Isa, loop: str | None,
             if e.x in joined:   # it once: the C compiler merges the repeated expression
                 return
             joined.add(e.x)
-        _expr_issue(e.x, acc, isa, loop, joined, datapath, single, read)
+        _expr_issue(e.x, acc, isa, loop, joined, datapath, single, read, core)
     elif isinstance(e, k.Permute):  # one permute (vpermps; two sources as a Zip's)
-        own.shuffles += 1.0 if e.y is None else 2.0
+        own.shuffles += 1.0 if e.y is None else _core(core).pair_shuffle
         for x in (e.x, e.y):
             if x is not None:
-                _expr_issue(x, acc, isa, loop, joined, datapath, single, read)
+                _expr_issue(x, acc, isa, loop, joined, datapath, single, read, core)
     elif isinstance(e, k.ShiftDown):  # one byte shift (psrldq)
         own.shuffles += 1.0
-        _expr_issue(e.x, acc, isa, loop, joined, datapath, single, read)
+        _expr_issue(e.x, acc, isa, loop, joined, datapath, single, read, core)
     elif isinstance(e, (k.Zip, k.Unzip)):
-        own.shuffles += _zip_shuffles(e, isa)
-        _expr_issue(e.a, acc, isa, loop, joined, datapath, single, read)
-        _expr_issue(e.b, acc, isa, loop, joined, datapath, single, read)
+        own.shuffles += _zip_shuffles(e, isa, _core(core))
+        _expr_issue(e.a, acc, isa, loop, joined, datapath, single, read, core)
+        _expr_issue(e.b, acc, isa, loop, joined, datapath, single, read, core)
     elif isinstance(e, k.SumLanes):
         # n vectors transposed and added: n - 1 adds and two shuffles per add; rows held
         # two or four per vector end in one permute more
@@ -315,7 +370,7 @@ def _node_issue(e: k.Expr, own: _Issue, acc: _Issue, isa: Isa, loop: str | None,
         own.fp += n - 1
         own.shuffles += 2 * (n - 1) + (e.rows_per_vector > 1)
         for x in e.xs:
-            _expr_issue(x, acc, isa, loop, joined, datapath, single, read)
+            _expr_issue(x, acc, isa, loop, joined, datapath, single, read, core)
     elif isinstance(e, k.SumRows):
         # n rows transposed and added as ``SumLanes``' are, then a shuffle and an add
         # for each halving of the parts down to n lanes
@@ -323,11 +378,11 @@ def _node_issue(e: k.Expr, own: _Issue, acc: _Issue, isa: Isa, loop: str | None,
         own.fp += n - 1 + folds
         own.shuffles += 2 * (n - 1) + folds
         for x in e.xs:
-            _expr_issue(x, acc, isa, loop, joined, datapath, single, read)
+            _expr_issue(x, acc, isa, loop, joined, datapath, single, read, core)
     elif isinstance(e, k.Reduce):
         # a shuffle and an add per halving; the shuffles mostly go to other pipes
         own.fp += max(1, e.x.lanes.bit_length() - 1)
-        _expr_issue(e.x, acc, isa, loop, joined, datapath, single, read)
+        _expr_issue(e.x, acc, isa, loop, joined, datapath, single, read, core)
 
 
 def _recomputed(e: k.Expr) -> bool:
@@ -340,7 +395,7 @@ def _recomputed(e: k.Expr) -> bool:
         v.dtype not in ("f32", "f64") for v in nodes_of(e, k.Var))
 
 
-def _zip_shuffles(e: k.Zip | k.Unzip, isa: Isa) -> float:
+def _zip_shuffles(e: k.Zip | k.Unzip, isa: Isa, core: Core) -> float:
     """Shuffles charged for a ``Zip`` or ``Unzip``: an unpack on 128 bits, one
     two-source permute on AVX-512 (vpermt2ps), an unpack within the halves and a permute
     across them on AVX2's 256 bits. Charged 2, 2 and 3. On a Xeon, AVX-512's permute
@@ -349,10 +404,11 @@ def _zip_shuffles(e: k.Zip | k.Unzip, isa: Isa) -> float:
     AVX-512 plans that change ran 1.21x as fast (same-session A/B; y = alpha*A*x +
     beta*B*x with A 100 x 4 f64: 48.3 -> 30.3 ns), and charged 3, the 24 that change
     again ran 0.89x as fast. Charged as one shuffle per instruction, y = A*x with A 4 x 4 f64
-    took the transposes on AVX2 and ran 0.4x as fast."""
-    if e.lanes * itemsize(e.dtype) <= 16:
-        return 2.0
-    return 2.0 if isa.mask_registers else 3.0
+    took the transposes on AVX2 and ran 0.4x as fast. The 2s are ``core.pair_shuffle``:
+    on Intel's cores with AVX-512, where one pipe takes every shuffle, one."""
+    if e.lanes * itemsize(e.dtype) <= 16 or isa.mask_registers:
+        return core.pair_shuffle
+    return core.pair_shuffle + 1.0
 
 
 def _reduce_latency(e: k.Expr) -> int:
@@ -433,7 +489,7 @@ def _hoisted_loads(loop: k.For) -> int:
 def _cycles(body: tuple[k.Stmt, ...], isa: Isa, loop: str | None = None,
             scratch: frozenset[str] = frozenset(), exposed: float = 1.0, datapath: int = 0,
             single: frozenset[k.Expr] | None = None,
-            read: frozenset[str] = frozenset()) -> _Timing:
+            read: frozenset[str] = frozenset(), core: Core | None = None) -> _Timing:
     """Estimated cycles of straight-line code with loops (``_Timing``). Straight-line
     code runs out of order: its time is its issue time or its longest chain of dependent
     updates, whichever is longer, a chain starting when the core reaches it
@@ -459,14 +515,14 @@ def _cycles(body: tuple[k.Stmt, ...], isa: Isa, loop: str | None = None,
 
     def close() -> float:
         longest = max(max(ready.values(), default=0.0), copies, stored)
-        return max(segment.cycles, longest * exposed)
+        return max(segment.cycles(core), longest * exposed)
 
     for s in body:
         if isinstance(s, k.Barrier):  # what was loaded or computed before is not reused
             joined = set()
         elif isinstance(s, (k.Decl, k.Assign)):
             at = reached()
-            _expr_issue(s.value, segment, isa, loop, joined, datapath, single, read)
+            _expr_issue(s.value, segment, isa, loop, joined, datapath, single, read, core)
             name = s.var.name
             if isinstance(s, k.Decl):
                 local.add(name)
@@ -494,13 +550,14 @@ def _cycles(body: tuple[k.Stmt, ...], isa: Isa, loop: str | None = None,
                      * (_pieces(s.value.lanes, s.value.dtype, datapath) - 1))
             segment.stores += extra
             segment.pieces += extra
-            _expr_issue(s.value, segment, isa, loop, joined, datapath, single, read)
+            _expr_issue(s.value, segment, isa, loop, joined, datapath, single, read, core)
             at = reached()
             chain = max((ready.get(n, at) for n in names_used(s.value)), default=at)
             stored = max(stored, chain + _reduce_latency(s.value))
         elif isinstance(s, k.For):
             trips = _trips(s)
-            inner = _cycles(s.body, isa, s.var.name, scratch, exposed, datapath, single, read)
+            inner = _cycles(s.body, isa, s.var.name, scratch, exposed, datapath, single, read,
+                            core)
             if _peeled(s, inner):
                 at, step = reached(), inner.issue.total / IN_ORDER_RATE
                 segment += inner.issue.scaled(trips)
@@ -528,7 +585,7 @@ def _cycles(body: tuple[k.Stmt, ...], isa: Isa, loop: str | None = None,
             # alpha*(A0 + A1)'*B + beta*C n x 4 x 4 f64 with the sum in scalar adds and
             # broadcasts, modelled at its pipes' throughput, ran 1.21-1.61x as long as
             # with the sum stored first (Zen 3, A/B; pools' regret 1.097 -> 1.077)
-            total += max(trips * (inner.issue.cycles + LOOP_OVERHEAD),
+            total += max(trips * (inner.issue.cycles(core) + LOOP_OVERHEAD),
                          trips * carried * FMA_LATENCY * exposed, inner.cycles,
                          trips * inner.issue.total / IN_ORDER_RATE)
             issue += inner.issue.scaled(trips)
@@ -541,25 +598,28 @@ def _cycles(body: tuple[k.Stmt, ...], isa: Isa, loop: str | None = None,
 
 
 def model_cost(module: k.Module, registers_needed: int, isa: Isa, datapath: int = 0,
-               crossing: float | None = None, embedded: bool = False) -> float:
+               crossing: float | None = None, embedded: bool = False,
+               core: Core | None = None) -> float:
     """Estimated cycles of a fixed-size kernel called again and again; a block that needs
     more vector registers than the target has spills (a store and a load per extra
     register and use). ``datapath``: as for ``_expr_issue``; ``crossing``: cycles of a
     store across a cache line (``CROSSING_STORE_CYCLES``, ``crossing_store_cycles``);
     ``embedded``: whether AVX-512's broadcasts that occur once are read by their FMA
-    (``_embedded_broadcast``) rather than charged as instructions of their own."""
+    (``_embedded_broadcast``) rather than charged as instructions of their own;
+    ``core``: the pipes of the core it runs on (``core_for``; None: the constants')."""
     body = module.function(module.entry).body
     scratch = frozenset(s.buf for s in body if isinstance(s, k.Local))
     single = _single_broadcasts(body) if embedded else None
     read = read_back_buffers(body)
     cycles, issued, *_ = _cycles(body, isa, scratch=scratch, datapath=datapath, single=single,
-                                 read=read)
+                                 read=read, core=core)
     if issued.total < WINDOW:  # the next call starts before this one's chains end
         cycles = _cycles(body, isa, scratch=scratch, exposed=issued.total / WINDOW,
-                         datapath=datapath, single=single, read=read).cycles
+                         datapath=datapath, single=single, read=read, core=core).cycles
     # the straight-line code outside loops (or in loops the C compiler unrolls), at the
     # rate it can be fetched
-    parts = [_cycles((s,), isa, scratch=scratch, datapath=datapath, single=single, read=read)
+    parts = [_cycles((s,), isa, scratch=scratch, datapath=datapath, single=single, read=read,
+                     core=core)
              for s in body if not isinstance(s, k.For) or _may_peel(s)]
     straight = sum(t.issue.total for t in parts if not t.looped)
     cycles = max(cycles, min(straight, OP_CACHE_INSTRUCTIONS) / DISPATCH
@@ -690,24 +750,26 @@ def _masked_into_inout(body: tuple[k.Stmt, ...], isa: Isa) -> bool:
 
 def program_cost(module: k.Module, program: ix.Program, schedule: Sequence[OpSchedule],
                  isa: Isa, datapath: int = 0, crossing: float | None = None,
-                 embedded: bool = False) -> float:
+                 embedded: bool = False, core: Core | None = None) -> float:
     """Estimated cycles of ``module``, built from ``program`` with ``schedule``: the
     whole kernel at once, with the register need of its largest block, on a core whose
     vector units take ``datapath`` bits at once (0: any vector the ISA has) and whose
     stores across a cache line cost ``crossing`` cycles (None: ``CROSSING_STORE_CYCLES``);
-    ``embedded`` as for ``model_cost``."""
+    ``embedded`` and ``core`` as for ``model_cost``."""
     need = max(_registers(program, op, s, module, isa)
                for op, s in zip(program.ops, schedule, strict=True))
-    return model_cost(module, need, isa, datapath, crossing, embedded)
+    return model_cost(module, need, isa, datapath, crossing, embedded, core)
 
 
 def isa_choice_cost(module: k.Module, program: ix.Program, schedule: Sequence[OpSchedule],
                     isa: Isa, machine: Machine) -> float:
     """``program_cost`` as the choice between ``machine``'s ISAs sees it: with its
     datapath (``Machine.vector_datapath``), its cost of a store across a cache line
-    (``crossing_store_cycles``) and AVX-512's broadcasts read by their FMA."""
+    (``crossing_store_cycles``), its pipes (``core_for``) and AVX-512's broadcasts read
+    by their FMA."""
     return program_cost(module, program, schedule, isa, machine.vector_datapath,
-                        crossing_store_cycles(machine), embedded=True)
+                        crossing_store_cycles(machine), embedded=True,
+                        core=core_for(machine, isa))
 
 
 #: Choosing between ISAs of one machine (AVX2 and AVX-512): fixed cycles of a call that
@@ -732,9 +794,20 @@ WIDER_GAIN = 1.4
 ZEN5_WIDER_GAIN = 1.05
 
 
+#: The gain on Intel's cores, whose 512-bit shuffles the model counts on one pipe
+#: (``core_for``): 1.4 made up for a model that took them as cheaply as on AMD's cores.
+#: Fitted on the pools of 431 LGen cases on a Xeon (every candidate of an exhaustive
+#: search timed, ``benchmarks/lgen/model_fit.py``): regret 1.0544 at 1.1 (1.0556 at
+#: 1.15, 1.0612 at 1.2, 1.0727 at 1.3; the best rule of all, 0 cycles and 1.2x, 1.0542),
+#: against 1.0627 with the constants' pipes and 1.4.
+INTEL_WIDER_GAIN = 1.1
+
+
 def wider_gain(machine: Machine) -> float:
     """How much faster the wider ISA must be modelled on ``machine`` to be taken."""
-    return ZEN5_WIDER_GAIN if _zen5(machine) else WIDER_GAIN
+    if _zen5(machine):
+        return ZEN5_WIDER_GAIN
+    return INTEL_WIDER_GAIN if machine.vendor == "GenuineIntel" else WIDER_GAIN
 
 
 def worth_wider(costs: Sequence[float], *, call: float | None = None,
@@ -835,12 +908,13 @@ def _lower_bound(program: ix.Program, op: ix.Op, sched: OpSchedule, isa: Isa) ->
 
 
 def options(program: ix.Program, specs: tuple[ArgSpec, ...], isa: Isa,
-            keep: int = 8) -> list[list[tuple[float, OpSchedule]]]:
+            keep: int = 8, core: Core | None = None) -> list[list[tuple[float, OpSchedule]]]:
     """Per operation, the ``keep`` best-modelled schedules that can be built, best first,
     with their modelled cycles. Operations are computed one after another, so each is
     modelled on its own. A candidate is built and modelled only if its lower bound (see
     ``_lower_bound``) can beat the ``keep``-th best so far: the scalar and horizontal-sum
-    schedules of a large product are skipped once vector blocks have been modelled."""
+    schedules of a large product are skipped once vector blocks have been modelled.
+    ``core``: the pipes modelled (``core_for``; None: the model's constants)."""
     result = []
     for op in program.ops:
         single = ix.Program(program.operands, (op,), program.dtype)
@@ -854,8 +928,8 @@ def options(program: ix.Program, specs: tuple[ArgSpec, ...], isa: Isa,
                 module = build_module(single, specs, (sched,), isa, "probe")
             except ScheduleError:
                 continue
-            found.append((model_cost(module, _registers(single, op, sched, module, isa), isa),
-                          sched))
+            need = _registers(single, op, sched, module, isa)
+            found.append((model_cost(module, need, isa, core=core), sched))
             found.sort(key=lambda o: o[0])
             del found[keep:]
         if not found:
@@ -864,22 +938,23 @@ def options(program: ix.Program, specs: tuple[ArgSpec, ...], isa: Isa,
     return result
 
 
-def cheapest_form(forms: Sequence[ix.Program], specs: tuple[ArgSpec, ...], isa: Isa
+def cheapest_form(forms: Sequence[ix.Program], specs: tuple[ArgSpec, ...], isa: Isa,
+                  core: Core | None = None
                   ) -> tuple[ix.Program, list[list[tuple[float, OpSchedule]]]]:
     """Of several index forms of one program (``index_notation.forms``), the one whose
     best-modelled schedule costs least (the first on a tie), with its ``options``.
     Operations run one after another, so a form costs the sum of its operations' best."""
-    modelled = [(f, options(f, specs, isa)) for f in forms]
+    modelled = [(f, options(f, specs, isa, core=core)) for f in forms]
     return min(modelled, key=lambda fo: sum(opts[0][0] for opts in fo[1]))
 
 
 def choose(program: ix.Program, specs: tuple[ArgSpec, ...], isa: Isa, *,
-           per_op: list[list[tuple[float, OpSchedule]]] | None = None
-           ) -> tuple[OpSchedule, ...]:
+           per_op: list[list[tuple[float, OpSchedule]]] | None = None,
+           core: Core | None = None) -> tuple[OpSchedule, ...]:
     """The cost model's schedule: each operation's best-modelled one. ``per_op``:
-    ``options(program, specs, isa)`` when already computed."""
+    ``options(program, specs, isa, core=core)`` when already computed."""
     if per_op is None:
-        per_op = options(program, specs, isa)
+        per_op = options(program, specs, isa, core=core)
     return tuple(opts[0][1] for opts in per_op)
 
 
@@ -914,7 +989,8 @@ SPLIT_PIECES = 8
 
 
 def split_short_updates(module: k.Module, program: ix.Program,
-                        schedule: Sequence[OpSchedule], isa: Isa) -> k.Module:
+                        schedule: Sequence[OpSchedule], isa: Isa,
+                        core: Core | None = None) -> k.Module:
     """``module`` with its updates of operands in place in 256-bit pieces where that
     pays (``SPLIT_BELOW_CYCLES``): a short straight-line kernel, or a masked update."""
     (entry,) = module.functions
@@ -925,6 +1001,7 @@ def split_short_updates(module: k.Module, program: ix.Program,
         return module
     masked = any(s.count is not None and s.value.lanes * itemsize(s.value.dtype) == 64
                  for s in nodes_of(entry.body, k.Store))
-    if not masked and program_cost(module, program, schedule, isa) > SPLIT_BELOW_CYCLES:
+    if not masked and program_cost(module, program, schedule, isa,
+                                   core=core) > SPLIT_BELOW_CYCLES:
         return module
     return mark_past_end(replace(module, functions=(replace(entry, body=split),)), isa)
