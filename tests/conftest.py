@@ -177,3 +177,21 @@ def backend(request, monkeypatch):
 
     request.addfinalizer(restore)
     return request.param
+
+
+@pytest.fixture(autouse=True)
+def _model_prices_the_host_with_its_constants(monkeypatch):
+    """The cost model's picks that tests pin were measured with its constants' pipes
+    (AMD's cores); on an Intel host it would price them with Intel's pipes and rule
+    (``strategy.small.core_for``, ``wider_gain``), and a pinned pick would depend on the
+    machine the suite runs on. So the host is priced with the constants; a test that
+    pretends a machine of its own (``blacs.host_target`` replaced) gets that machine's."""
+    from blacc import blacs
+    from blacc.runtime.gemm import host_target
+    from blacc.strategy import small
+
+    host = host_target().machine
+    monkeypatch.setattr(blacs, "core_for", lambda machine, isa: small._core(None)
+                        if machine is host else small.core_for(machine, isa))
+    monkeypatch.setattr(blacs, "wider_gain", lambda machine: small.WIDER_GAIN
+                        if machine is host else small.wider_gain(machine))

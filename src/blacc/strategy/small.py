@@ -794,12 +794,13 @@ WIDER_GAIN = 1.4
 ZEN5_WIDER_GAIN = 1.05
 
 
-#: The gain on Intel's cores, whose 512-bit shuffles the model counts on one pipe
-#: (``core_for``): 1.4 made up for a model that took them as cheaply as on AMD's cores.
+#: The gain on Intel's cores, whose shuffles the model counts on one pipe (``core_for``):
+#: 1.4 made up for a model that took 512-bit shuffles as cheaply as on AMD's cores.
 #: Fitted on the pools of 431 LGen cases on a Xeon (every candidate of an exhaustive
-#: search timed, ``benchmarks/lgen/model_fit.py``): regret 1.0544 at 1.1 (1.0556 at
-#: 1.15, 1.0612 at 1.2, 1.0727 at 1.3; the best rule of all, 0 cycles and 1.2x, 1.0542),
-#: against 1.0627 with the constants' pipes and 1.4.
+#: search timed, ``benchmarks/lgen/model_fit.py``), with Intel's pipes for AVX-512 alone:
+#: regret 1.0544 at 1.1 (1.0556 at 1.15, 1.0612 at 1.2, 1.0727 at 1.3), against 1.0627
+#: with the constants' pipes and 1.4. With the pipes as they are, over all 510: 1.0501
+#: (the best rule of the grid, 0 cycles and 1.2x, 1.0496).
 INTEL_WIDER_GAIN = 1.1
 
 
