@@ -172,8 +172,9 @@ def main(argv: list[str] | None = None) -> None:
                     help="a setting of the model's constants to evaluate (evaluate); the "
                     "sources' own values are always evaluated first")
     ap.add_argument("--generic", action="store_true",
-                    help="also evaluate the model with its constants' pipes on every machine, "
-                    "not this machine's (``strategy.small.core_for``)")
+                    help="also evaluate the model with its constants' pipes and rule between "
+                    "ISAs on every machine, not this machine's (``strategy.small.core_for``, "
+                    "``wider_gain``)")
     args = ap.parse_args(argv)
     if args.command == "collect":
         collect(args.pools, args.cases)

@@ -404,8 +404,8 @@ def _zip_shuffles(e: k.Zip | k.Unzip, isa: Isa, core: Core) -> float:
     AVX-512 plans that change ran 1.21x as fast (same-session A/B; y = alpha*A*x +
     beta*B*x with A 100 x 4 f64: 48.3 -> 30.3 ns), and charged 3, the 24 that change
     again ran 0.89x as fast. Charged as one shuffle per instruction, y = A*x with A 4 x 4 f64
-    took the transposes on AVX2 and ran 0.4x as fast. The 2s are ``core.pair_shuffle``:
-    on Intel's cores with AVX-512, where one pipe takes every shuffle, one."""
+    took the transposes on AVX2 and ran 0.4x as fast. The 2s are ``core.pair_shuffle``
+    and the 3 is one more: on Intel's cores, where one pipe takes every shuffle, 1 and 2."""
     if e.lanes * itemsize(e.dtype) <= 16 or isa.mask_registers:
         return core.pair_shuffle
     return core.pair_shuffle + 1.0
@@ -500,6 +500,7 @@ def _cycles(body: tuple[k.Stmt, ...], isa: Isa, loop: str | None = None,
     segment around it. ``exposed``: the share of a chain's latency that counts
     (``model_cost``); ``datapath`` and ``single`` as for ``_expr_issue``; ``read``: the
     buffers the kernel reads back (``Isa.plain_moves``' read_back)."""
+    core = _core(core)  # once, not at every node
     total = 0.0
     issue, segment = _Issue(), _Issue()
     local: set[str] = set()
