@@ -632,6 +632,8 @@ def model_cost(module: k.Module, registers_needed: int, isa: Isa, datapath: int 
     if (any(_from_memory(b) and b.value.buf in scratch for b in nodes_of(body, k.Broadcast))
             or any(s.x.buf in scratch for s in nodes_of(body, k.Spread))):
         cycles += SCRATCH_ROUND_TRIP
+    elif _unforwarded_scratch_loads(body, scratch):
+        cycles += UNFORWARDED_ROUND_TRIP
     crossing = CROSSING_STORE_CYCLES if crossing is None else crossing
     return cycles + (_crossing_stores(body, scratch) * crossing if crossing else 0.0)
 
@@ -649,6 +651,90 @@ def model_cost(module: k.Module, registers_needed: int, isa: Isa, datapath: int 
 #: Charged in proportion to how little else a call issues (``WINDOW``), it changed the
 #: forms of longer kernels for the worse (micro gemam 6 x 6, 0.71x).
 SCRATCH_ROUND_TRIP = 12.0
+
+#: A temporary read back in vectors that no single store of it holds (a 512-bit load
+#: of two 256-bit stores; any part of a masked store): the load is not forwarded and
+#: waits for the stores to reach the cache, and the next call's stores into the same
+#: stack slots wait behind it, so overlapping calls do not hide it. C = alpha*(A0 +
+#: A1)'*B + beta*C, 4 x 12 x 4 f64 on AVX-512 (a Xeon, CPU model 167; timed candidates of
+#: an exhaustive search): the sum's last four rows stored as 256-bit vectors and read two
+#: rows at a time, 15.6 ns a call, modelled 36 cycles; the fused form, modelled 40, 9.5.
+UNFORWARDED_ROUND_TRIP = 12.0
+#: Accesses ``_unforwarded_scratch_loads`` follows, loops unrolled, before it gives up.
+_FORWARDING_WALK = 4096
+
+
+def _unforwarded_scratch_loads(body: tuple[k.Stmt, ...], scratch: frozenset[str]) -> bool:
+    """Whether a vector load of a temporary (``k.Local``) reads elements of its stores
+    that no single unmasked store holds whole, so that no store forwards them (a
+    temporary no store in ``body`` writes is another operation's, and not judged: see
+    ``cheapest_form``). Indices are affine in the counters of loops with constant
+    bounds, whose iterations are each followed; a kernel with more than
+    ``_FORWARDING_WALK`` accesses to temporaries is not judged."""
+    if not scratch:
+        return False
+    stores: dict[str, list[tuple[int, int]]] = {}
+    masked: dict[str, list[tuple[int, int]]] = {}
+    loads: list[tuple[str, int, int]] = []
+    walked = 0
+
+    def spans(index: k.Expr, lanes: int,
+              loops: tuple[tuple[str, range], ...]) -> list[tuple[int, int]] | None:
+        first = {name: values[0] for name, values in loops}
+        base = _index_at(index, first)
+        slopes = [_index_at(index, {**first, name: values[0] + 1}) for name, values in loops]
+        if base is None or None in slopes:
+            return None
+        starts = [base]
+        for (_, values), slope in zip(loops, slopes, strict=True):
+            starts = [s + (slope - base) * (v - values[0]) for s in starts for v in values]
+        return [(s, s + lanes) for s in starts]
+
+    def visit(stmts: tuple[k.Stmt, ...], loops: tuple[tuple[str, range], ...]) -> bool:
+        nonlocal walked
+        for s in stmts:
+            if isinstance(s, k.For):
+                start, stop = k.const_value(s.start), k.const_value(s.stop)
+                if not (isinstance(start, int) and isinstance(stop, int)):
+                    return False
+                if not visit(s.body, (*loops, (s.var.name, range(start, stop, s.step)))):
+                    return False
+                continue
+            accesses = [(x.buf, x.index, x.lanes, x.count, "load")
+                        for x in nodes_of(s, k.Load) if x.buf in scratch and x.lanes > 1]
+            if isinstance(s, k.Store) and s.buf in scratch:
+                accesses.append((s.buf, s.index, s.value.lanes, s.count, "store"))
+            for buf, index, lanes, count, kind in accesses:
+                n = k.const_value(count) if count is not None else lanes
+                found = spans(index, n if isinstance(n, int) else lanes, loops)
+                if found is None:
+                    return False
+                walked += len(found)
+                if walked > _FORWARDING_WALK:
+                    return False
+                if kind == "load":
+                    loads.extend((buf, a, b) for a, b in found)
+                else:
+                    (stores if count is None else masked).setdefault(buf, []).extend(found)
+        return True
+
+    if not visit(body, ()):
+        return False
+    for buf, a, b in loads:
+        if any(a < m1 and m0 < b for m0, m1 in masked.get(buf, ())):
+            return True
+        plain = stores.get(buf, ())
+        if (any(a < s1 and s0 < b for s0, s1 in plain)
+                and not any(s0 <= a and b <= s1 for s0, s1 in plain)):
+            return True
+    return False
+
+
+def _index_at(index: k.Expr, values: dict[str, int]) -> int | None:
+    """``index`` with loop counters set to ``values``, when that is a constant."""
+    value = k.const_value(simplify(substitute(index, {
+        name: k.Const(v) for name, v in values.items()})))
+    return value if isinstance(value, int) else None
 
 
 #: A call that writes an operand it also reads (y of y = alpha*x + y) with a masked store
@@ -694,11 +780,6 @@ def _crossing_stores(body: tuple[k.Stmt, ...], scratch: frozenset[str]) -> int:
     sizes: dict[str, int] = {}
     crossing = 0
 
-    def at(index: k.Expr, values: dict[str, int]) -> int | None:
-        value = k.const_value(simplify(substitute(index, {
-            name: k.Const(v) for name, v in values.items()})))
-        return value if isinstance(value, int) else None
-
     def visit(stmts: tuple[k.Stmt, ...], loops: tuple[tuple[str, range], ...]) -> None:
         nonlocal crossing
         for s in stmts:
@@ -708,8 +789,9 @@ def _crossing_stores(body: tuple[k.Stmt, ...], scratch: frozenset[str]) -> int:
                     visit(s.body, (*loops, (s.var.name, range(start, stop, s.step))))
             elif isinstance(s, k.Store) and s.buf not in scratch | loaded:
                 first = {name: values[0] for name, values in loops}
-                base = at(s.index, first)
-                slopes = [at(s.index, {**first, name: values[0] + 1}) for name, values in loops]
+                base = _index_at(s.index, first)
+                slopes = [_index_at(s.index, {**first, name: values[0] + 1})
+                          for name, values in loops]
                 if base is None or None in slopes:
                     continue
                 size = itemsize(s.value.dtype)
@@ -945,9 +1027,28 @@ def cheapest_form(forms: Sequence[ix.Program], specs: tuple[ArgSpec, ...], isa: 
                   ) -> tuple[ix.Program, list[list[tuple[float, OpSchedule]]]]:
     """Of several index forms of one program (``index_notation.forms``), the one whose
     best-modelled schedule costs least (the first on a tie), with its ``options``.
-    Operations run one after another, so a form costs the sum of its operations' best."""
+    Operations run one after another, so a form costs the sum of its operations' best,
+    and the wait where one reads a temporary another's stores do not forward
+    (``_unforwarded_between_ops``)."""
     modelled = [(f, options(f, specs, isa, core=core)) for f in forms]
-    return min(modelled, key=lambda fo: sum(opts[0][0] for opts in fo[1]))
+    return min(modelled, key=lambda fo: sum(opts[0][0] for opts in fo[1])
+               + _unforwarded_between_ops(fo[0], specs, fo[1], isa))
+
+
+def _unforwarded_between_ops(form: ix.Program, specs: tuple[ArgSpec, ...],
+                             per_op: list[list[tuple[float, OpSchedule]]], isa: Isa) -> float:
+    """``UNFORWARDED_ROUND_TRIP`` where one operation of ``form`` reads a temporary in
+    vectors that the stores of the operation writing it do not hold whole, with each
+    operation's best-modelled schedule (``options`` models each on its own); else 0."""
+    if len(form.ops) == 1:
+        return 0.0
+    try:
+        module = build_module(form, specs, tuple(o[0][1] for o in per_op), isa, "probe")
+    except ScheduleError:  # the best of each does not build together: priced as before
+        return 0.0
+    body = module.function(module.entry).body
+    scratch = frozenset(s.buf for s in body if isinstance(s, k.Local))
+    return UNFORWARDED_ROUND_TRIP if _unforwarded_scratch_loads(body, scratch) else 0.0
 
 
 def choose(program: ix.Program, specs: tuple[ArgSpec, ...], isa: Isa, *,
