@@ -14,6 +14,7 @@ compiles and times them, ``blacs.plan``) and keep the fastest (LGen section 3.5)
 from __future__ import annotations
 
 import itertools
+import math
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -632,7 +633,7 @@ def model_cost(module: k.Module, registers_needed: int, isa: Isa, datapath: int 
     if (any(_from_memory(b) and b.value.buf in scratch for b in nodes_of(body, k.Broadcast))
             or any(s.x.buf in scratch for s in nodes_of(body, k.Spread))):
         cycles += SCRATCH_ROUND_TRIP
-    elif _unforwarded_scratch_loads(body, scratch):
+    elif _unforwarded_scratch_loads(body, scratch):  # the same wait: charged once
         cycles += UNFORWARDED_ROUND_TRIP
     crossing = CROSSING_STORE_CYCLES if crossing is None else crossing
     return cycles + (_crossing_stores(body, scratch) * crossing if crossing else 0.0)
@@ -685,6 +686,8 @@ def _unforwarded_scratch_loads(body: tuple[k.Stmt, ...], scratch: frozenset[str]
         slopes = [_index_at(index, {**first, name: values[0] + 1}) for name, values in loops]
         if base is None or None in slopes:
             return None
+        if walked + math.prod(len(values) for _, values in loops) > _FORWARDING_WALK:
+            return None
         starts = [base]
         for (_, values), slope in zip(loops, slopes, strict=True):
             starts = [s + (slope - base) * (v - values[0]) for s in starts for v in values]
@@ -710,8 +713,6 @@ def _unforwarded_scratch_loads(body: tuple[k.Stmt, ...], scratch: frozenset[str]
                 if found is None:
                     return False
                 walked += len(found)
-                if walked > _FORWARDING_WALK:
-                    return False
                 if kind == "load":
                     loads.extend((buf, a, b) for a, b in found)
                 else:
