@@ -672,7 +672,8 @@ def _unforwarded_scratch_loads(body: tuple[k.Stmt, ...], scratch: frozenset[str]
     ``cheapest_form``). Indices are affine in the counters of loops with constant
     bounds, whose iterations are each followed; a kernel with more than
     ``_FORWARDING_WALK`` accesses to temporaries is not judged."""
-    if not scratch:
+    scratch &= {s.buf for s in nodes_of(body, k.Store)}  # those another operation fills
+    if not scratch:                                      # are not judged
         return False
     stores: dict[str, list[tuple[int, int]]] = {}
     masked: dict[str, list[tuple[int, int]]] = {}
@@ -681,16 +682,14 @@ def _unforwarded_scratch_loads(body: tuple[k.Stmt, ...], scratch: frozenset[str]
 
     def spans(index: k.Expr, lanes: int,
               loops: tuple[tuple[str, range], ...]) -> list[tuple[int, int]] | None:
-        first = {name: values[0] for name, values in loops}
-        base = _index_at(index, first)
-        slopes = [_index_at(index, {**first, name: values[0] + 1}) for name, values in loops]
-        if base is None or None in slopes:
+        affine = _affine_in(index, loops)
+        if affine is None or (
+                walked + math.prod(len(values) for _, values in loops) > _FORWARDING_WALK):
             return None
-        if walked + math.prod(len(values) for _, values in loops) > _FORWARDING_WALK:
-            return None
+        base, coefficients = affine
         starts = [base]
-        for (_, values), slope in zip(loops, slopes, strict=True):
-            starts = [s + (slope - base) * (v - values[0]) for s in starts for v in values]
+        for (_, values), c in zip(loops, coefficients, strict=True):
+            starts = [s + c * (v - values[0]) for s in starts for v in values]
         return [(s, s + lanes) for s in starts]
 
     def visit(stmts: tuple[k.Stmt, ...], loops: tuple[tuple[str, range], ...]) -> bool:
@@ -700,7 +699,8 @@ def _unforwarded_scratch_loads(body: tuple[k.Stmt, ...], scratch: frozenset[str]
                 start, stop = k.const_value(s.start), k.const_value(s.stop)
                 if not (isinstance(start, int) and isinstance(stop, int)):
                     return False
-                if not visit(s.body, (*loops, (s.var.name, range(start, stop, s.step)))):
+                trips = range(start, stop, s.step)
+                if trips and not visit(s.body, (*loops, (s.var.name, trips))):
                     return False
                 continue
             accesses = [(x.buf, x.index, x.lanes, x.count, "load")
@@ -736,6 +736,19 @@ def _index_at(index: k.Expr, values: dict[str, int]) -> int | None:
     value = k.const_value(simplify(substitute(index, {
         name: k.Const(v) for name, v in values.items()})))
     return value if isinstance(value, int) else None
+
+
+def _affine_in(index: k.Expr, loops: tuple[tuple[str, range], ...]
+               ) -> tuple[int, list[int]] | None:
+    """``index`` (affine in the counters of ``loops``, each a name and its non-empty
+    range) at the loops' first iteration, and how much it grows per unit of each
+    counter; None when it is not a constant there."""
+    first = {name: values[0] for name, values in loops}
+    base = _index_at(index, first)
+    after = [_index_at(index, {**first, name: values[0] + 1}) for name, values in loops]
+    if base is None or None in after:
+        return None
+    return base, [a - base for a in after]
 
 
 #: A call that writes an operand it also reads (y of y = alpha*x + y) with a masked store
@@ -789,20 +802,18 @@ def _crossing_stores(body: tuple[k.Stmt, ...], scratch: frozenset[str]) -> int:
                 if isinstance(start, int) and isinstance(stop, int) and stop > start:
                     visit(s.body, (*loops, (s.var.name, range(start, stop, s.step))))
             elif isinstance(s, k.Store) and s.buf not in scratch | loaded:
-                first = {name: values[0] for name, values in loops}
-                base = _index_at(s.index, first)
-                slopes = [_index_at(s.index, {**first, name: values[0] + 1})
-                          for name, values in loops]
-                if base is None or None in slopes:
+                affine = _affine_in(s.index, loops)
+                if affine is None:
                     continue
+                base, coefficients = affine
                 size = itemsize(s.value.dtype)
                 width = s.value.lanes * size
                 last = base
                 # how many of the store's executions start at each byte offset in a line
                 offsets = {base * size % CACHE_LINE: 1}
-                for (_, values), slope in zip(loops, slopes, strict=True):
-                    step = (slope - base) * values.step * size
-                    last += max(slope - base, 0) * (values[-1] - values[0])
+                for (_, values), c in zip(loops, coefficients, strict=True):
+                    step = c * values.step * size
+                    last += max(c, 0) * (values[-1] - values[0])
                     spread: dict[int, int] = {}
                     for offset, count in offsets.items():
                         for t in range(len(values)):
@@ -1044,7 +1055,8 @@ def _unforwarded_between_ops(form: ix.Program, specs: tuple[ArgSpec, ...],
     if len(form.ops) == 1:
         return 0.0
     try:
-        module = build_module(form, specs, tuple(o[0][1] for o in per_op), isa, "probe")
+        module = build_module(form, specs, tuple(o[0][1] for o in per_op), isa, "probe",
+                              write_prefetches=False)
     except ScheduleError:  # the best of each does not build together: priced as before
         return 0.0
     body = module.function(module.entry).body
