@@ -98,6 +98,26 @@ def test_avx512_c_compiles_without_warnings(case, tmp_path):
     assert proc.returncode == 0 and proc.stderr == "", proc.stderr
 
 
+@pytest.mark.skipif(CC is None or os.uname().machine != "x86_64",
+                    reason="needs an x86-64 C compiler")
+def test_sums_of_128_and_256_bits_compile_to_shuffles_two_pipes_take(tmp_path):
+    """The horizontal sums of AVX2's vectors transpose with shufps/shufpd and blends,
+    which Intel's cores since Ice Lake issue two a cycle, not with unpcks, movlhps or
+    movhlps, which they issue one a cycle (and which the C compiler makes of shufps 0x44
+    or shufpd 0)."""
+    sums = [name for name in AVX2.prelude if name.startswith(("blacc_sum", "blacc_pairs"))]
+    assert len(sums) >= 9
+    src = "#include <immintrin.h>\n" + "\n".join(
+        AVX2.prelude[name].replace("static inline ", "") for name in sums)
+    path = tmp_path / "sums.c"
+    path.write_text(src)
+    proc = subprocess.run([CC, "-O2", *AVX2.flags, "-S", str(path), "-o", "-"],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert "shufp" in proc.stdout
+    for slow in ("unpck", "movlhps", "movhlps"):
+        assert slow not in proc.stdout, slow
+
 def _runnable() -> list[str]:
     machine = detect_machine()
     return [name for name, isa in ISAS.items() if machine.has(*isa.requires)]

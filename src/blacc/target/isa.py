@@ -251,8 +251,7 @@ def _avx2_ops() -> dict[tuple[str, str], str]:
                                  "{x7})")
     # (not hadd: y = alpha*A*x + beta*B*x 2 x 2 f64 on Zen 3 ran 0.91-1.00x the loops'
     # speed with two hadds, 1.02-1.06x with unpacks and adds)
-    ops[("sum_lanes", "f64x2")] = ("_mm_add_pd(_mm_unpacklo_pd({x0}, {x1}), "
-                                   "_mm_unpackhi_pd({x0}, {x1}))")
+    ops[("sum_lanes", "f64x2")] = "blacc_sum2x2_pd({x0}, {x1})"
     ops[("sum_lanes", "f64")] = "blacc_sum4x4_pd({x0}, {x1}, {x2}, {x3})"
     # ... of n rows wider than n lanes (``SumRows``): transposed and added within the
     # 128-bit halves, then the halves added
@@ -330,24 +329,34 @@ _AVX2_PRELUDE = {
     "blacc_hsum4_pd": """static inline double blacc_hsum4_pd(__m256d v) {
     return blacc_hsum2_pd(_mm_add_pd(_mm256_castpd256_pd128(v), _mm256_extractf128_pd(v, 1)));
 }""",
-    # Transposes by unpacks and shuffles, not hadd trees: on Zen 3 a hadd costs more than
+    # Transposes by shuffles and adds, not hadd trees: on Zen 3 a hadd costs more than
     # the two shuffles and the add it stands for (four f32 rows: 1.9 -> 1.2 ns a sum;
-    # eight: 3.7 -> 2.7; four f64: 1.3 -> 1.0, best of interleaved loops in L1). The last
-    # step shuffles within 128-bit lanes (shufps) and blends where it can: movlhps,
-    # movhlps and lane-crossing permutes run on one port of Intel cores (a Xeon, y = A*x
-    # from four rows: f32 1.44 -> 1.20 ns, f64 1.44 -> 1.29; eight f32 rows 2.84 -> 2.71)
+    # eight: 3.7 -> 2.7; four f64: 1.3 -> 1.0, best of interleaved loops in L1). Only
+    # in-lane two-source shufps/shufpd and blends: on Intel's cores (Golden Cove) those
+    # of 128 and 256 bits issue two a cycle (ports 1 and 5), where unpcks, movlhps,
+    # movhlps, vpermilps and lane-crossing permutes issue one (port 5); on AMD's cores
+    # all of them two. (The C compiler makes shufps 0x44 a movlhps and shufpd 0 or 3 an
+    # unpack, so the sums take the even and odd lanes, 0x88 and 0xDD, and pairs of f64 a
+    # shufpd 1 beside a blend.)
+    "blacc_sum2x2_pd": """static inline __m128d blacc_sum2x2_pd(__m128d a, __m128d b) {
+    return _mm_add_pd(_mm_shuffle_pd(a, b, 1), _mm_blend_pd(a, b, 2));  /* a1 b0 + a0 b1 */
+}""",
+    "blacc_pairs_added_pd": """static inline __m256d blacc_pairs_added_pd(__m256d a, __m256d b) {
+    /* [a0+a1, b0+b1 | a2+a3, b2+b3] */
+    return _mm256_add_pd(_mm256_shuffle_pd(a, b, 5), _mm256_blend_pd(a, b, 10));
+}""",
     "blacc_sum4x4_ps": """static inline __m128 blacc_sum4x4_ps(__m128 a, __m128 b, __m128 c,
                                      __m128 d) {
-    __m128 ab = _mm_add_ps(_mm_unpacklo_ps(a, b), _mm_unpackhi_ps(a, b));
-    __m128 cd = _mm_add_ps(_mm_unpacklo_ps(c, d), _mm_unpackhi_ps(c, d));
-    return _mm_add_ps(_mm_shuffle_ps(ab, cd, 0x44), _mm_shuffle_ps(ab, cd, 0xEE));
+    __m128 ab = _mm_add_ps(_mm_shuffle_ps(a, b, 0x88), _mm_shuffle_ps(a, b, 0xDD));
+    __m128 cd = _mm_add_ps(_mm_shuffle_ps(c, d, 0x88), _mm_shuffle_ps(c, d, 0xDD));
+    return _mm_add_ps(_mm_shuffle_ps(ab, cd, 0x88), _mm_shuffle_ps(ab, cd, 0xDD));
 }""",
     # [a b c d] summed within each 128-bit half, then the halves added
     "blacc_sum4x4x2_ps": """static inline __m256 blacc_sum4x4x2_ps(__m256 a, __m256 b, __m256 c,
                                        __m256 d) {
-    __m256 ab = _mm256_add_ps(_mm256_unpacklo_ps(a, b), _mm256_unpackhi_ps(a, b));
-    __m256 cd = _mm256_add_ps(_mm256_unpacklo_ps(c, d), _mm256_unpackhi_ps(c, d));
-    return _mm256_add_ps(_mm256_shuffle_ps(ab, cd, 0x44), _mm256_shuffle_ps(ab, cd, 0xEE));
+    __m256 ab = _mm256_add_ps(_mm256_shuffle_ps(a, b, 0x88), _mm256_shuffle_ps(a, b, 0xDD));
+    __m256 cd = _mm256_add_ps(_mm256_shuffle_ps(c, d, 0x88), _mm256_shuffle_ps(c, d, 0xDD));
+    return _mm256_add_ps(_mm256_shuffle_ps(ab, cd, 0x88), _mm256_shuffle_ps(ab, cd, 0xDD));
 }""",
     "blacc_sum8x8_ps": """static inline __m256 blacc_sum8x8_ps(__m256 a, __m256 b, __m256 c,
                                      __m256 d, __m256 e, __m256 f,
@@ -364,13 +373,11 @@ _AVX2_PRELUDE = {
                                     _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
 }""",
     "blacc_sum4x2_pd": """static inline __m256d blacc_sum4x2_pd(__m256d a, __m256d b) {
-    __m256d s = _mm256_add_pd(_mm256_unpacklo_pd(a, b), _mm256_unpackhi_pd(a, b));
-    return _mm256_permute4x64_pd(s, 0xD8);  /* [0 2 | 1 3] -> [0 1 2 3] */
+    return _mm256_permute4x64_pd(blacc_pairs_added_pd(a, b), 0xD8);  /* [0 2 | 1 3] -> [0 1 2 3] */
 }""",
     "blacc_sum4x4_pd": """static inline __m256d blacc_sum4x4_pd(__m256d a, __m256d b, __m256d c,
                                       __m256d d) {
-    __m256d ab = _mm256_add_pd(_mm256_unpacklo_pd(a, b), _mm256_unpackhi_pd(a, b));
-    __m256d cd = _mm256_add_pd(_mm256_unpacklo_pd(c, d), _mm256_unpackhi_pd(c, d));
+    __m256d ab = blacc_pairs_added_pd(a, b), cd = blacc_pairs_added_pd(c, d);
     return _mm256_add_pd(_mm256_blend_pd(ab, cd, 0xC), _mm256_permute2f128_pd(ab, cd, 0x21));
 }""",
     # four rows of 8 f32: half h of the transposed sums holds [a_h b_h c_h d_h]; the
@@ -382,7 +389,7 @@ _AVX2_PRELUDE = {
 }""",
     # two rows of 4 f64: [a01 b01 | a23 b23], the halves added
     "blacc_sum2x4_pd": """static inline __m128d blacc_sum2x4_pd(__m256d a, __m256d b) {
-    __m256d s = _mm256_add_pd(_mm256_unpacklo_pd(a, b), _mm256_unpackhi_pd(a, b));
+    __m256d s = blacc_pairs_added_pd(a, b);
     return _mm_add_pd(_mm256_castpd256_pd128(s), _mm256_extractf128_pd(s, 1));
 }""",
 }
