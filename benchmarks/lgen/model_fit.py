@@ -45,7 +45,8 @@ from blacc.transform.blac import OpSchedule, build_module  # noqa: E402
 TUNABLE = ("WINDOW", "CALL_CYCLES", "WIDER_GAIN", "FMA_LATENCY", "BROADCAST_FP",
            "MASKED_STORE", "MASKED_LOAD", "LOOP_OVERHEAD", "READ_BACK_CYCLES",
            "INTEL_SHUFFLE_PIPES", "INTEL_PAIR_SHUFFLE", "INTEL_WIDE_FP_AND_SHUFFLE_PIPES",
-           "INTEL_BROADCAST_FP", "INTEL_WIDER_GAIN", "UNFORWARDED_ROUND_TRIP")
+           "INTEL_BROADCAST_FP", "INTEL_WIDER_GAIN", "UNFORWARDED_ROUND_TRIP",
+           "INTEL_OVERLAP_BY_FP")
 RULES = [(call, gain) for call in (0.0, 2.0, 4.0, 8.0, 16.0, 32.0)
          for gain in (1.0, 1.1, 1.2, 1.3, 1.4, 1.5, 1.6, 1.8)]
 
