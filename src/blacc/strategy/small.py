@@ -132,8 +132,9 @@ def core_for(machine: Machine, isa: Isa) -> Core:
     unpack). With 512-bit vectors port 5 is also the second FMA pipe (ports 0 and 1 fused
     make the first; while 512-bit instructions run, port 1 takes no vector instruction):
     two pipes for FP instructions and shuffles together, and a broadcast from memory is a
-    load alone. Other cores: the model's constants (two shuffle pipes beside the FMA
-    pipes, as on AMD's)."""
+    load alone. Calls overlap there as far as their FP instructions and shuffles allow
+    (``INTEL_OVERLAP_BY_FP``). Other cores: the model's constants (two shuffle pipes
+    beside the FMA pipes, as on AMD's)."""
     if machine.vendor != "GenuineIntel":
         return _core(None)
     overlap = bool(INTEL_OVERLAP_BY_FP)
