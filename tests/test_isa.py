@@ -102,8 +102,8 @@ def test_avx512_c_compiles_without_warnings(case, tmp_path):
                     reason="needs an x86-64 C compiler")
 def test_sums_of_128_and_256_bits_compile_to_shuffles_two_pipes_take(tmp_path):
     """The horizontal sums of AVX2's vectors transpose with shufps/shufpd and blends,
-    which Intel's cores since Ice Lake issue two a cycle, not with unpcks, movlhps or
-    movhlps, which they issue one a cycle (and which the C compiler makes of shufps 0x44
+    which a Xeon (CPU model 167) issues two a cycle, not with unpcks, movlhps or
+    movhlps, which it issues one a cycle (and which the C compiler makes of shufps 0x44
     or shufpd 0)."""
     sums = [name for name in AVX2.prelude if name.startswith(("blacc_sum", "blacc_pairs"))]
     assert len(sums) >= 9
@@ -117,6 +117,7 @@ def test_sums_of_128_and_256_bits_compile_to_shuffles_two_pipes_take(tmp_path):
     assert "shufp" in proc.stdout
     for slow in ("unpck", "movlhps", "movhlps"):
         assert slow not in proc.stdout, slow
+
 
 def _runnable() -> list[str]:
     machine = detect_machine()

@@ -332,12 +332,11 @@ _AVX2_PRELUDE = {
     # Transposes by shuffles and adds, not hadd trees: on Zen 3 a hadd costs more than
     # the two shuffles and the add it stands for (four f32 rows: 1.9 -> 1.2 ns a sum;
     # eight: 3.7 -> 2.7; four f64: 1.3 -> 1.0, best of interleaved loops in L1). Only
-    # in-lane two-source shufps/shufpd and blends: on Intel's cores (Golden Cove) those
-    # of 128 and 256 bits issue two a cycle (ports 1 and 5), where unpcks, movlhps,
-    # movhlps, vpermilps and lane-crossing permutes issue one (port 5); on AMD's cores
-    # all of them two. (The C compiler makes shufps 0x44 a movlhps and shufpd 0 or 3 an
-    # unpack, so the sums take the even and odd lanes, 0x88 and 0xDD, and pairs of f64 a
-    # shufpd 1 beside a blend.)
+    # in-lane two-source shufps/shufpd and blends: on a Xeon (CPU model 167) those of
+    # 128 and 256 bits issue two a cycle, where unpcks, movlhps, movhlps, vpermilps and
+    # lane-crossing permutes issue one; on AMD's cores all of them two. (The C compiler
+    # makes shufps 0x44 a movlhps and shufpd 0 or 3 an unpack, so the sums take the even
+    # and odd lanes, 0x88 and 0xDD, and pairs of f64 a shufpd 1 beside a blend.)
     "blacc_sum2x2_pd": """static inline __m128d blacc_sum2x2_pd(__m128d a, __m128d b) {
     return _mm_add_pd(_mm_shuffle_pd(a, b, 1), _mm_blend_pd(a, b, 2));  /* a1 b0 + a0 b1 */
 }""",
