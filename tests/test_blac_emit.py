@@ -100,6 +100,15 @@ def emit_and_run(tmp_path: Path, source: str, decls: dict, dtype: str, target: s
     c_path, h_path = blacc.emit(source, tmp_path / name, target=target, **decls)
     assert c_path == tmp_path / f"{name}.c" and h_path == tmp_path / f"{name}.h"
     p = plan(source, name=name, target=target, **decls)
+    run_emitted(c_path, p, decls, dtype, target, name, misalign=misalign, seed=seed,
+                context=source)
+    return c_path, h_path, p
+
+
+def run_emitted(c_path: Path, p, decls: dict, dtype: str, target: str, name: str, *,
+                misalign: bool = False, seed: int = 0, context: str = "") -> None:
+    """Build ``c_path`` (plan ``p``'s kernel ``name``), call it on sentinel-padded
+    buffers and check it against NumPy, its inputs and the sentinels untouched."""
     lib = build(c_path, target)
     values = make_values(decls, dtype, np.random.default_rng(seed))
     before = {n: np.array(v) for n, v in values.items() if isinstance(v, np.ndarray)}
@@ -117,8 +126,7 @@ def emit_and_run(tmp_path: Path, source: str, decls: dict, dtype: str, target: s
             np.testing.assert_array_equal(value.reshape(-1), before[s.name].reshape(-1))
         else:
             got[s.name] = value
-    assert_matches(p.typed, values, got, f"{source} {target} {dtype}")
-    return c_path, h_path, p
+    assert_matches(p.typed, values, got, f"{context} {target} {dtype}")
 
 
 CASES = [

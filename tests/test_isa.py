@@ -349,7 +349,8 @@ def test_intel_cores_shuffle_512_bit_vectors_on_the_second_fma_pipe(monkeypatch)
     assert (wide.shuffle_pipes, wide.fp_and_shuffle_pipes, wide.broadcast_fp,
             wide.pair_shuffle) == (1, 2, 0, 1)
     narrow = small.core_for(intel, AVX2)
-    assert (narrow.shuffle_pipes, narrow.fp_and_shuffle_pipes, narrow.pair_shuffle) == (1, 3, 1)
+    assert (narrow.shuffle_pipes, narrow.fp_and_shuffle_pipes, narrow.broadcast_fp,
+            narrow.pair_shuffle) == (1, 3, 0, 1)
     assert small.core_for(amd, AVX512) == small.core_for(amd, AVX2) == small._core(None)
     folded = small._Issue(fp=16 + 8, shuffles=16 + 8)
     assert folded.cycles(wide) == 24 and folded.cycles(None) == 16

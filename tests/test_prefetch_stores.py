@@ -5,8 +5,10 @@
   prefetch per row, ahead of its store and clamped to the operand;
 * outputs that fit L1, outputs the kernel also reads, and a single stream of stores get
   none;
-* planned kernels with prefetches agree with NumPy through the interpreter, and emitted
-  as C (strict flags) and run, with every prefetch address inside its operand;
+* kernels with prefetches agree with NumPy through the interpreter, and emitted as C
+  (strict flags) and run, with every prefetch address inside its operand: planned ones,
+  and where a plan takes whole rows per step (one stream, no prefetches), the same
+  schedule in blocks of 2 rows;
 * only machines that gain from them get them (none on AMD's cores).
 """
 
@@ -19,12 +21,13 @@ import pytest
 
 import blacc
 from blacc import blacs
-from blacc.blacs import plan
+from blacc.blacs import Plan, plan, standalone_c
 from blacc.ir import kernel as k
-from blacc.ir.walk import nodes_of
+from blacc.ir.walk import map_bodies, nodes_of
 from blacc.runtime.gemm import host_target
+from blacc.transform.blac import build_module
 from blacc.transform.prefetch_stores import AHEAD_BYTES, L1_BYTES, prefetch_stores
-from test_blac_emit import TARGETS, emit_and_run
+from test_blac_emit import TARGETS, emit_and_run, run_emitted
 from test_blac_programs import assert_matches, make_values, run_interp
 
 M, S = blacc.Matrix, blacc.Scalar
@@ -140,10 +143,21 @@ DECLS = [
 ]
 
 
+def _interleaving(p: Plan) -> Plan:
+    """``p``, or where its kernel takes whole rows of C per step (Intel's AVX2 plans of
+    these Cs: 4 rows of 25 vectors, straight-line, one stream), the kernel of blocks of
+    2 rows along the columns that the prefetches are for."""
+    if p.isa.name == "generic" or _prefetches(p.module.function(p.module.entry).body):
+        return p
+    schedule = tuple(dataclasses.replace(s, block=(2, 1)) for s in p.schedule)
+    return dataclasses.replace(p, schedule=schedule, module=build_module(
+        p.indexed, p.specs, schedule, p.isa, p.module.entry))
+
+
 @pytest.mark.parametrize("target", ["avx2", "avx512", "generic"])
 @pytest.mark.parametrize(("source", "decls", "dtype"), DECLS)
-def test_planned_kernels_with_prefetches_agree_with_numpy(source, decls, dtype, target):
-    p = plan(source, target=target, **decls)
+def test_kernels_with_prefetches_agree_with_numpy(source, decls, dtype, target):
+    p = _interleaving(plan(source, target=target, **decls))
     body = p.module.function(p.module.entry).body
     extents = {s.name: s.extent for s in p.specs}
     seen = list(_prefetched(body))
@@ -159,8 +173,16 @@ def test_planned_kernels_with_prefetches_agree_with_numpy(source, decls, dtype, 
 @pytest.mark.parametrize(("source", "decls", "dtype"), DECLS[:3])
 def test_emitted_kernels_with_prefetches_compile_strictly_and_run(tmp_path, source, decls,
                                                                   dtype, target):
-    c_path, _, p = emit_and_run(tmp_path, source, decls, dtype, target, misalign=True)
-    if _prefetches(p.module.function(p.module.entry).body):
+    c_path, _, planned = emit_and_run(tmp_path, source, decls, dtype, target, misalign=True)
+    p = _interleaving(planned)
+    if p is not planned:  # the kernel of blocks of rows, emitted the same way
+        header, c_source = standalone_c(p)
+        (tmp_path / "blocks.h").write_text(header)
+        c_path = tmp_path / "blocks.c"
+        c_path.write_text('#include "blocks.h"\n' + c_source)
+        run_emitted(c_path, p, decls, dtype, target, p.module.entry, misalign=True,
+                    context=f"{source} {p.schedule}")
+    if target != "generic":
         assert "BLACC_PREFETCH(&C[" in c_path.read_text()
 
 
@@ -182,12 +204,17 @@ def test_prefetches_sit_beside_their_stores():
 def test_amd_hosts_get_no_prefetches(monkeypatch, target):
     """On Zen 3 C = A*B 100 x 4 x 100 f64 ran 1.3-1.5x as fast without the prefetches
     (``Machine.prefetches_store_streams``): kernels planned there have none, and are
-    otherwise the same kernels."""
-    decls = dict(A=M(100, 4), B=M(4, 100), C=M(100, 100))
-    intel = plan("C = A*B", target=target, **decls)
+    otherwise the kernels their schedules make with them."""
     _host_of(monkeypatch, "AuthenticAMD")
-    amd = plan("C = A*B", target=target, **decls)
-    assert _prefetches(intel.module.function(intel.module.entry).body)
+    amd = plan("C = A*B", target=target, A=M(100, 4), B=M(4, 100), C=M(100, 100))
     body = amd.module.function(amd.module.entry).body
     assert not _prefetches(body)
-    assert amd.schedule == intel.schedule
+    with_them = build_module(amd.indexed, amd.specs, amd.schedule, amd.isa, amd.module.entry)
+    fetching = with_them.function(with_them.entry).body
+    assert _prefetches(fetching)
+    assert _without_prefetches(fetching) == body
+
+
+def _without_prefetches(body: tuple[k.Stmt, ...]) -> tuple[k.Stmt, ...]:
+    return tuple(map_bodies(s, _without_prefetches) if isinstance(s, (k.For, k.If)) else s
+                 for s in body if not isinstance(s, k.Prefetch))

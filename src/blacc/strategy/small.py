@@ -131,18 +131,18 @@ def core_for(machine: Machine, isa: Isa) -> Core:
     pipe, and one shuffle for an instruction that takes two vectors (vpermt2ps, an
     unpack). With 512-bit vectors port 5 is also the second FMA pipe (ports 0 and 1 fused
     make the first; while 512-bit instructions run, port 1 takes no vector instruction):
-    two pipes for FP instructions and shuffles together, and a broadcast from memory is a
-    load alone. Calls overlap there as far as their FP instructions and shuffles allow
-    (``INTEL_OVERLAP_BY_FP``). Other cores: the model's constants (two shuffle pipes
-    beside the FMA pipes, as on AMD's)."""
+    two pipes for FP instructions and shuffles together. A broadcast from memory is a
+    load alone at any width, and calls overlap as far as their FP instructions and
+    shuffles allow (``INTEL_OVERLAP_BY_FP``). Other cores: the model's constants (two
+    shuffle pipes beside the FMA pipes, as on AMD's)."""
     if machine.vendor != "GenuineIntel":
         return _core(None)
     overlap = bool(INTEL_OVERLAP_BY_FP)
     if isa.mask_registers:
         return Core(INTEL_SHUFFLE_PIPES, INTEL_WIDE_FP_AND_SHUFFLE_PIPES, INTEL_BROADCAST_FP,
                     INTEL_PAIR_SHUFFLE, overlap)
-    return Core(INTEL_SHUFFLE_PIPES, FP_AND_SHUFFLE_PIPES, BROADCAST_FP, INTEL_PAIR_SHUFFLE,
-                overlap)
+    return Core(INTEL_SHUFFLE_PIPES, FP_AND_SHUFFLE_PIPES, INTEL_BROADCAST_FP,
+                INTEL_PAIR_SHUFFLE, overlap)
 
 
 #: ``core_for`` on Intel's cores. Over the pools of LGen's 510 cases on a Xeon (every
@@ -151,8 +151,16 @@ def core_for(machine: Machine, isa: Isa) -> Core:
 #: constants' pipes), its AVX-512 pick 1.0442x the fastest AVX-512 candidate's (1.0613x),
 #: its AVX2 pick 1.0307x (1.0327x). AVX-512's shuffles alone on one pipe, or its
 #: broadcasts alone free, did not help (on 195 of the cases: 1.0690 and 1.0664, 1.0658
-#: neither, 1.0451 both); AVX2's broadcasts free did not (1.0368 against 1.0360), nor did
-#: reaching 6 instructions a cycle rather than ``IN_ORDER_RATE`` (1.0514 against 1.0451).
+#: neither, 1.0451 both); AVX2's broadcasts free did not then (1.0368 against 1.0360),
+#: nor did reaching 6 instructions a cycle rather than ``IN_ORDER_RATE`` (1.0514 against
+#: 1.0451). Once calls overlap by FP instructions (``INTEL_OVERLAP_BY_FP``), AVX2's
+#: broadcasts from memory as loads alone (``vmovddup``/``vbroadcastss`` take no FP port on
+#: Intel's cores) fit better: 1.0451 -> 1.0429, AVX2's pick 1.0317x -> 1.0276x; the 64
+#: LGen kernels that change ran 1.019x and 1.014x as fast in two A/B rounds (micro
+#: x'*A*y 2 x 2 f64 1.33-1.37x, from 0.91x to 1.23x the loops). With ``target="avx2"``
+#: 129 of them change, 1.001-1.006x over the loops in four A/B rounds, and large outputs
+#: such as C = A*B 100 x 4 x 100 f64 go from blocks of 2 rows with write prefetches to 4
+#: whole rows a step without (1425-1477 -> 1359-1426 ns a call).
 INTEL_SHUFFLE_PIPES = 1
 INTEL_PAIR_SHUFFLE = 1.0
 INTEL_WIDE_FP_AND_SHUFFLE_PIPES = 2
