@@ -327,6 +327,37 @@ def test_intel_cores_overlap_calls_as_far_as_their_fp_instructions_allow(monkeyp
     assert not any(s.pairs or s.folds for s in plan.schedule), plan.schedule
 
 
+def test_intel_cores_count_the_shuffles_of_horizontal_sums(monkeypatch):
+    """On Intel's cores a horizontal sum's extracts, ``vmovhlps`` and unpacks take the one
+    shuffle pipe (``Core.reduce_shuffle``; f32's last step, ``vmovshdup``, two pipes).
+    alpha = x'*A*y 4 x 4 f32 with AVX2 folded two rows of A into each vector, x's pairs
+    permuted into its halves (two ``vpermilps``, an extract, then the sum: five shuffles),
+    1.38-1.45 ns a call on a Xeon; four 128-bit FMAs on broadcasts ran 1.05-1.09, Eigen's
+    speed, and are taken once the sum's shuffles count. AMD's cores (the constants) do
+    not count them."""
+    from blacc.ir import kernel as k
+
+    intel = replace(_machine(*AVX512_FLAGS), vendor="GenuineIntel", family=6)
+    amd = replace(_machine(*AVX512_FLAGS), vendor="AuthenticAMD", family=26)
+    core = small.core_for(intel, AVX2)
+    assert core.reduce_shuffle == 1 and small.core_for(amd, AVX2).reduce_shuffle == 0
+    for lanes, dtype, shuffles in ((4, "f32", 1), (8, "f32", 2), (2, "f64", 1),
+                                   (4, "f64", 2)):
+        total = k.Reduce(k.Load("x", k.Const(0), dtype, lanes))
+        issue = small._Issue()
+        small._expr_issue(total, issue, AVX2, core=core)
+        assert issue.shuffles == shuffles, (lanes, dtype)
+        constants = small._Issue()
+        small._expr_issue(total, constants, AVX2)
+        assert constants.shuffles == 0
+
+    blacs = _avx512_host(monkeypatch, vendor="GenuineIntel", family=6)
+    decls = {"x": blacc.Vector(4, "f32"), "A": blacc.Matrix(4, 4, "f32"),
+             "y": blacc.Vector(4, "f32"), "alpha": blacc.Scalar("f32")}
+    plan = blacs.plan("alpha = x'*A*y", target="avx2", **decls)
+    assert not plan.schedule[0].folds, plan.schedule
+
+
 def test_intel_cores_shuffle_512_bit_vectors_on_the_second_fma_pipe(monkeypatch):
     """On Intel's cores a 512-bit shuffle takes port 5, which is also the second FMA pipe
     for 512-bit vectors, and a broadcast from memory is a load alone (``core_for``). C =

@@ -116,6 +116,9 @@ class Core:
     #: whether calls overlap as far as ``WINDOW`` FP instructions and shuffles (those that
     #: wait for a chain's results) allow, not ``WINDOW`` instructions of any kind
     overlap_by_fp: bool = False
+    #: shuffles charged per halving of a horizontal sum (``k.Reduce``) but f32's last:
+    #: 0 where pipes beside the ones the other shuffles take them
+    reduce_shuffle: float = 0.0
 
 
 def _core(core: Core | None) -> Core:
@@ -132,7 +135,8 @@ def core_for(machine: Machine, isa: Isa) -> Core:
     unpack). With 512-bit vectors port 5 is also the second FMA pipe (ports 0 and 1 fused
     make the first; while 512-bit instructions run, port 1 takes no vector instruction):
     two pipes for FP instructions and shuffles together. A broadcast from memory is a
-    load alone at any width, and calls overlap as far as their FP instructions and
+    load alone at any width, a horizontal sum's shuffles take the shuffle pipe
+    (``INTEL_REDUCE_SHUFFLE``), and calls overlap as far as their FP instructions and
     shuffles allow (``INTEL_OVERLAP_BY_FP``). Other cores: the model's constants (two
     shuffle pipes beside the FMA pipes, as on AMD's)."""
     if machine.vendor != "GenuineIntel":
@@ -140,9 +144,9 @@ def core_for(machine: Machine, isa: Isa) -> Core:
     overlap = bool(INTEL_OVERLAP_BY_FP)
     if isa.mask_registers:
         return Core(INTEL_SHUFFLE_PIPES, INTEL_WIDE_FP_AND_SHUFFLE_PIPES, INTEL_BROADCAST_FP,
-                    INTEL_PAIR_SHUFFLE, overlap)
+                    INTEL_PAIR_SHUFFLE, overlap, INTEL_REDUCE_SHUFFLE)
     return Core(INTEL_SHUFFLE_PIPES, FP_AND_SHUFFLE_PIPES, INTEL_BROADCAST_FP,
-                INTEL_PAIR_SHUFFLE, overlap)
+                INTEL_PAIR_SHUFFLE, overlap, INTEL_REDUCE_SHUFFLE)
 
 
 #: ``core_for`` on Intel's cores. Over the pools of LGen's 510 cases on a Xeon (every
@@ -162,6 +166,13 @@ def core_for(machine: Machine, isa: Isa) -> Core:
 #: such as C = A*B 100 x 4 x 100 f64 go from blocks of 2 rows with write prefetches to 4
 #: whole rows a step without (1425-1477 -> 1359-1426 ns a call).
 INTEL_SHUFFLE_PIPES = 1
+#: Horizontal sums' shuffles on Intel's one shuffle pipe (``Core.reduce_shuffle``): on
+#: the pools, regret 1.0429 -> 1.0403, AVX2's pick 1.0276x -> 1.0233x its fastest
+#: (f32's last step too: 1.0404, or half a shuffle a step: 1.0405; AVX2's sums alone:
+#: 1.0410); the 9 LGen kernels that change on the Xeon ran
+#: 1.096-1.110x over the loops in three A/B rounds (x'*A*y 4 x 4 f32 off folds onto
+#: broadcasts, 1.38-1.45 -> 1.05-1.15 ns, Eigen's speed).
+INTEL_REDUCE_SHUFFLE = 1.0
 INTEL_PAIR_SHUFFLE = 1.0
 INTEL_WIDE_FP_AND_SHUFFLE_PIPES = 2
 INTEL_BROADCAST_FP = 0.0
@@ -406,8 +417,12 @@ def _node_issue(e: k.Expr, own: _Issue, acc: _Issue, isa: Isa, loop: str | None,
         for x in e.xs:
             _expr_issue(x, acc, isa, loop, joined, datapath, single, read, core)
     elif isinstance(e, k.Reduce):
-        # a shuffle and an add per halving; the shuffles mostly go to other pipes
-        own.fp += max(1, e.x.lanes.bit_length() - 1)
+        # a shuffle and an add per halving; the shuffles go to pipes of their own except
+        # on Intel's cores (``Core.reduce_shuffle``), where the sums' extracts, vmovhlps
+        # and unpacks take the one shuffle pipe, and f32's last step, vmovshdup, two
+        halvings = max(1, e.x.lanes.bit_length() - 1)
+        own.fp += halvings
+        own.shuffles += _core(core).reduce_shuffle * (halvings - (e.x.dtype == "f32"))
         _expr_issue(e.x, acc, isa, loop, joined, datapath, single, read, core)
 
 
