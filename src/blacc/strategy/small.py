@@ -171,7 +171,7 @@ INTEL_SHUFFLE_PIPES = 1
 #: (f32's last step too: 1.0404, or half a shuffle a step: 1.0405; AVX2's sums alone:
 #: 1.0410); the 9 LGen kernels that change on the Xeon ran
 #: 1.096-1.110x over the loops in three A/B rounds (x'*A*y 4 x 4 f32 off folds onto
-#: broadcasts, 1.38-1.45 -> 1.05-1.15 ns, Eigen's speed).
+#: broadcasts, 1.36-1.45 -> 1.05-1.15 ns, Eigen's speed).
 INTEL_REDUCE_SHUFFLE = 1.0
 INTEL_PAIR_SHUFFLE = 1.0
 INTEL_WIDE_FP_AND_SHUFFLE_PIPES = 2
