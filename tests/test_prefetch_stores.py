@@ -21,7 +21,7 @@ import pytest
 
 import blacc
 from blacc import blacs
-from blacc.blacs import Plan, plan, standalone_c
+from blacc.blacs import Plan, plan, write_standalone
 from blacc.ir import kernel as k
 from blacc.ir.walk import map_bodies, nodes_of
 from blacc.runtime.gemm import host_target
@@ -176,10 +176,7 @@ def test_emitted_kernels_with_prefetches_compile_strictly_and_run(tmp_path, sour
     c_path, _, planned = emit_and_run(tmp_path, source, decls, dtype, target, misalign=True)
     p = _interleaving(planned)
     if p is not planned:  # the kernel of blocks of rows, emitted the same way
-        header, c_source = standalone_c(p)
-        (tmp_path / "blocks.h").write_text(header)
-        c_path = tmp_path / "blocks.c"
-        c_path.write_text('#include "blocks.h"\n' + c_source)
+        c_path, _ = write_standalone(p, tmp_path / "blocks")
         run_emitted(c_path, p, decls, dtype, target, p.module.entry, misalign=True,
                     context=f"{source} {p.schedule}")
     if target != "generic":

@@ -316,7 +316,14 @@ def emit(program: object, output: str | Path, *, name: str | None = None,
     this machine runs."""
     out = Path(output)
     fname = name or re.sub(r"\W", "_", out.stem)
-    p = plan(program, name=fname, target=target, search=search, **operands)
+    return write_standalone(plan(program, name=fname, target=target, search=search,
+                                 **operands), out)
+
+
+def write_standalone(p: Plan, output: str | Path) -> tuple[Path, Path]:
+    """Write plan ``p``'s kernel as ``output.c`` and ``output.h`` (``standalone_c``), the
+    source including the header; returns the two paths."""
+    out = Path(output)
     header, source = standalone_c(p)
     c_path, h_path = out.with_suffix(".c"), out.with_suffix(".h")
     h_path.write_text(header, encoding="utf-8")

@@ -141,12 +141,10 @@ def core_for(machine: Machine, isa: Isa) -> Core:
     shuffle pipes beside the FMA pipes, as on AMD's)."""
     if machine.vendor != "GenuineIntel":
         return _core(None)
-    overlap = bool(INTEL_OVERLAP_BY_FP)
-    if isa.mask_registers:
-        return Core(INTEL_SHUFFLE_PIPES, INTEL_WIDE_FP_AND_SHUFFLE_PIPES, INTEL_BROADCAST_FP,
-                    INTEL_PAIR_SHUFFLE, overlap, INTEL_REDUCE_SHUFFLE)
-    return Core(INTEL_SHUFFLE_PIPES, FP_AND_SHUFFLE_PIPES, INTEL_BROADCAST_FP,
-                INTEL_PAIR_SHUFFLE, overlap, INTEL_REDUCE_SHUFFLE)
+    fp_and_shuffle = (INTEL_WIDE_FP_AND_SHUFFLE_PIPES if isa.mask_registers
+                      else FP_AND_SHUFFLE_PIPES)
+    return Core(INTEL_SHUFFLE_PIPES, fp_and_shuffle, INTEL_BROADCAST_FP, INTEL_PAIR_SHUFFLE,
+                bool(INTEL_OVERLAP_BY_FP), INTEL_REDUCE_SHUFFLE)
 
 
 #: ``core_for`` on Intel's cores. Over the pools of LGen's 510 cases on a Xeon (every
