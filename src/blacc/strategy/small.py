@@ -119,6 +119,9 @@ class Core:
     #: shuffles charged per halving of a horizontal sum (``k.Reduce``) but f32's last:
     #: 0 where pipes beside the ones the other shuffles take them
     reduce_shuffle: float = 0.0
+    #: cycles a call waits for a temporary's vector stores to be forwarded to broadcasts
+    #: of its elements (``SCRATCH_ROUND_TRIP``; None: that constant's value)
+    scratch_round_trip: float | None = None
 
 
 def _core(core: Core | None) -> Core:
@@ -138,7 +141,10 @@ def core_for(machine: Machine, isa: Isa) -> Core:
     load alone at any width, a horizontal sum's shuffles take the shuffle pipe
     (``INTEL_REDUCE_SHUFFLE``), and calls overlap as far as their FP instructions and
     shuffles allow (``INTEL_OVERLAP_BY_FP``). Other cores: the model's constants (two
-    shuffle pipes beside the FMA pipes, as on AMD's)."""
+    shuffle pipes beside the FMA pipes, as on AMD's); on Zen 3 a temporary broadcast back an
+    element at a time costs no wait (``ZEN3_SCRATCH_ROUND_TRIP``)."""
+    if _zen3(machine):
+        return replace(_core(None), scratch_round_trip=ZEN3_SCRATCH_ROUND_TRIP)
     if machine.vendor != "GenuineIntel":
         return _core(None)
     fp_and_shuffle = (INTEL_WIDE_FP_AND_SHUFFLE_PIPES if isa.mask_registers
@@ -669,9 +675,14 @@ def model_cost(module: k.Module, registers_needed: int, isa: Isa, datapath: int 
         cycles *= 1.0 + 0.25 * (registers_needed - isa.registers)
     if _masked_into_inout(body, isa):
         cycles = max(cycles, READ_BACK_CYCLES)
-    if (any(_from_memory(b) and b.value.buf in scratch for b in nodes_of(body, k.Broadcast))
-            or any(s.x.buf in scratch for s in nodes_of(body, k.Spread))):
-        cycles += SCRATCH_ROUND_TRIP
+    trip = 0.0
+    if any(s.x.buf in scratch for s in nodes_of(body, k.Spread)):
+        trip = SCRATCH_ROUND_TRIP
+    elif any(_from_memory(b) and b.value.buf in scratch for b in nodes_of(body, k.Broadcast)):
+        own = _core(core).scratch_round_trip
+        trip = SCRATCH_ROUND_TRIP if own is None else own
+    if trip:
+        cycles += trip
     elif _unforwarded_scratch_loads(body, scratch):  # the same wait: charged once
         cycles += UNFORWARDED_ROUND_TRIP
     crossing = CROSSING_STORE_CYCLES if crossing is None else crossing
@@ -691,6 +702,16 @@ def model_cost(module: k.Module, registers_needed: int, isa: Isa, datapath: int 
 #: Charged in proportion to how little else a call issues (``WINDOW``), it changed the
 #: forms of longer kernels for the worse (micro gemam 6 x 6, 0.71x).
 SCRATCH_ROUND_TRIP = 12.0
+#: Zen 3 forwards such stores to broadcasts of their elements without a wait that calls
+#: do not overlap: C = alpha*(A0 + A1)'*B + beta*C 4 x 4 x 24 f64 with the sum in a
+#: temporary ran 25.0 ns a call, 80 cycles against 82 modelled without the charge; the
+#: fused form the model took with it, 32.0 ns, and the loops 28.4 (timed candidates of
+#: an exhaustive search). Spreads of two f32 elements (a 64-bit broadcast and a permute)
+#: still wait: C = alpha*(A0 + A1)'*B + beta*C 4 x 12 x 4 f32 with them ran 12.3 ns a
+#: call in LGen's harness, against 9.5 with the temporary read in whole vectors and
+#: permuted in lanes (``k.HalfSplat``, no wait). (On the Xeon's pools charging
+#: broadcasts and spreads nothing was no better: regret 1.0408 against 1.0403.)
+ZEN3_SCRATCH_ROUND_TRIP = 0.0
 
 #: A temporary read back in vectors that no single store of it holds (a 512-bit load
 #: of two 256-bit stores; any part of a masked store): the load is not forwarded and
@@ -806,6 +827,12 @@ READ_BACK_CYCLES = 24.0
 #: row (600 a call), 8400 cycles a call; AVX2's plan, none crossing, 6370, where the FMAs
 #: alone would make AVX-512 twice as fast.
 CROSSING_STORE_CYCLES = 3.5
+
+
+def _zen3(machine: Machine) -> bool:
+    """AMD family 25 without AVX-512: Zen 3 (Zen 4, the same family, has AVX-512)."""
+    return (machine.vendor == "AuthenticAMD" and machine.family == 25
+            and not machine.has("avx512f"))
 
 
 def _zen5(machine: Machine) -> bool:
