@@ -234,6 +234,53 @@ def test_planner_takes_the_cheaper_form(name, shape):
     assert plan(PROGRAMS[name][0], target="avx2", **decls).indexed == chosen
 
 
+def test_tied_forms_go_to_the_one_cheaper_whole(monkeypatch, tmp_path):
+    """C = alpha*(A0 + A1)'*B + beta*C 4 x 4 x 16 f32 on AVX-512, priced as on Intel's
+    cores: the fused form and the form with the sum in a temporary cost the same as sums
+    of their operations, and the temporary's form less as a whole kernel (its broadcasts
+    are loads; the fused form's sums and broadcasts share two pipes with the FMAs). The
+    tie goes to it, or with ``break_ties`` False to the first form, the fused one. A plan
+    for 'host' compares its ISAs with ties left to the first form, then breaks the tie in
+    the ISA it takes."""
+    from blacc import blacs
+    from blacc.runtime import gemm as gemm_runtime
+    from blacc.runtime import plan_cache
+    from blacc.runtime.cache import KernelCache
+    from blacc.strategy import small
+    from blacc.target.isa import AVX512
+    from blacc.target.machine import Machine
+
+    xeon = Machine("xeon", "x86_64", cores=2, vendor="GenuineIntel", family=6,
+                   features=frozenset(("avx2", "fma", "avx512f", "avx512dq", "avx512vl")))
+    core = small.core_for(xeon, AVX512)
+    decls, _, specs, all_forms = _forms("gemam", 4, 16, 4, "f32")
+    first, first_ops = cheapest_form(all_forms, specs, AVX512, core, break_ties=False)
+    broken, broken_ops = cheapest_form(all_forms, specs, AVX512, core)
+    assert len(first.ops) == 1 and len(broken.ops) == 2
+    assert (sum(o[0][0] for o in first_ops) == sum(o[0][0] for o in broken_ops))
+
+    def whole(form, per_op):
+        schedule = choose(form, specs, AVX512, per_op=per_op)
+        module = build_module(form, specs, schedule, AVX512, "k")
+        return small.program_cost(module, form, schedule, AVX512, core=core)
+
+    assert whole(broken, broken_ops) < whole(first, first_ops)
+
+    monkeypatch.setattr(blacs, "host_target", lambda: gemm_runtime.Target(xeon, AVX512))
+    monkeypatch.setattr(blacs, "core_for", small.core_for)  # not the suite's constants
+    monkeypatch.setattr(blacs, "wider_gain", small.wider_gain)
+    cache = KernelCache(tmp_path)  # nothing remembered: every plan models its forms
+    monkeypatch.setattr(plan_cache, "default_cache", lambda: cache)
+    ties = []
+    real = blacs.cheapest_form
+    monkeypatch.setattr(blacs, "cheapest_form",
+                        lambda *a: ties.append((a[2].name, a[4])) or real(*a))
+    p = blacs.plan(PROGRAMS["gemam"][0], target="host", **decls)
+    assert ties[:2] == [("avx2", False), ("avx512", False)]
+    assert ties[2:] == [(p.isa.name, True)]
+    assert p.indexed == broken and p.isa is AVX512
+
+
 def test_gemam_panel_computes_the_sum_once():
     """C = alpha*(A0 + A1)'*B + beta*C with (A0 + A1)' 48 x 4: the sum is vector adds of
     A0 and A1 (computed once into a temporary, or fused into tiles down the columns of

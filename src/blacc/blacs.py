@@ -144,12 +144,15 @@ def plan(program: object, *, name: str = "blac_kernel", target: str | Isa | None
     candidates = forms(typed)
     if _is_host(target) and len(isas := host_isas()) > 1:
         if search == "model":
-            # one plan per ISA by the model, and the one worth its wider vectors
-            modelled = [_model_plan(typed, specs, isa, candidates, name) for isa in isas]
+            # one plan per ISA by the model, and the one worth its wider vectors; the
+            # ISA is chosen on the forms the first of tied forms gives (``_model_plan``)
+            modelled = [_model_plan(typed, specs, isa, candidates, name, break_ties=False)
+                        for isa in isas]
             machine = host_target().machine
             costs = [isa_choice_cost(p.module, p.indexed, p.schedule, p.isa, machine)
                      for p in modelled]
-            return _split_updates(modelled[worth_wider(costs, gain=wider_gain(machine))])
+            isa = isas[worth_wider(costs, gain=wider_gain(machine))]
+            return _split_updates(_model_plan(typed, specs, isa, candidates, name))
         targets = isas  # timed against each other: the call's cost is in the timings
     else:
         isa = _isa(target)
@@ -219,15 +222,21 @@ def _split_updates(p: Plan) -> Plan:
 
 
 def _model_plan(typed: TypedProgram, specs: tuple[ArgSpec, ...], isa: Isa,
-                candidates: tuple[ix.Program, ...], name: str) -> Plan:
+                candidates: tuple[ix.Program, ...], name: str, break_ties: bool = True) -> Plan:
     """The cost model's form and schedules, remembered in the kernel cache: modelling every
     candidate takes up to ~2 s, and a program is usually compiled again and again. A
-    remembered choice is checked by building it, and that build is the plan's module."""
+    remembered choice is checked by building it, and that build is the plan's module.
+    ``break_ties``: as for ``cheapest_form``. Between ISAs the plans are compared with
+    ties left to the first form: a form a tie goes to reads a temporary back element by
+    element, which the model prices lower on AVX-512 than it runs, and the three kernels
+    of LGen's cases it moved from AVX2 to AVX-512 on a Xeon (CPU model 167) ran
+    0.88-1.02x (micro C = alpha*(A0 + A1)'*B + beta*C 5 x 5 f64 0.87-0.89x, below the
+    loops)."""
     built: dict[Choice, k.Module] = {}
     core = _core(isa)
 
     def decide() -> Choice:
-        indexed, per_op = cheapest_form(candidates, specs, isa, core)
+        indexed, per_op = cheapest_form(candidates, specs, isa, core, break_ties)
         return candidates.index(indexed), choose(indexed, specs, isa, per_op=per_op)
 
     def fits(choice: Choice) -> bool:
@@ -248,7 +257,7 @@ def _model_plan(typed: TypedProgram, specs: tuple[ArgSpec, ...], isa: Isa,
         return True
 
     parts = {"statements": _statement_text(typed), "specs": [asdict(s) for s in specs],
-             "target": isa.name, "core": asdict(core)}
+             "target": isa.name, "core": asdict(core), "break_ties": break_ties}
     form, schedule = choice = remembered(parts, decide, fits)
     indexed = candidates[form]
     module = built.get(choice) or build_module(indexed, specs, schedule, isa, name,

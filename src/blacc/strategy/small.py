@@ -1046,7 +1046,10 @@ def _column_tile_registers(program: ix.Program, op: ix.Op, sched: OpSchedule,
     # a longer sum is read a row of ``width`` at a time, not all of it at once
     columns = min(width, _longest_sum(op))
     body = module.function(module.entry).body
-    in_loops = set().union(*(names_used(s) for s in body if isinstance(s, k.For)))
+    # its own loops: those that store into its output (a whole program's module holds
+    # the other operations' loops too)
+    in_loops = set().union(*(names_used(s) for s in body if isinstance(s, k.For)
+                             and op.out in {st.buf for st in nodes_of(s, k.Store)}))
     hoisted = sum(isinstance(s, k.Decl) and isinstance(s.value, k.Broadcast)
                   and s.var.name in in_loops for s in body)
     return (columns - 1) * sched.block[1] + hoisted
@@ -1101,33 +1104,61 @@ def options(program: ix.Program, specs: tuple[ArgSpec, ...], isa: Isa,
 
 
 def cheapest_form(forms: Sequence[ix.Program], specs: tuple[ArgSpec, ...], isa: Isa,
-                  core: Core | None = None
+                  core: Core | None = None, break_ties: bool = True
                   ) -> tuple[ix.Program, list[list[tuple[float, OpSchedule]]]]:
     """Of several index forms of one program (``index_notation.forms``), the one whose
-    best-modelled schedule costs least (the first on a tie), with its ``options``.
-    Operations run one after another, so a form costs the sum of its operations' best,
-    and the wait where one reads a temporary another's stores do not forward
-    (``_unforwarded_between_ops``)."""
+    best-modelled schedule costs least, with its ``options``. Operations run one after
+    another, so a form costs the sum of its operations' best, and the wait where one
+    reads a temporary another's stores do not forward. Forms that tie go to the one
+    cheapest modelled whole (``_whole_cost``), or with ``break_ties`` False to the
+    first."""
     modelled = [(f, options(f, specs, isa, core=core)) for f in forms]
-    return min(modelled, key=lambda fo: sum(opts[0][0] for opts in fo[1])
-               + _unforwarded_between_ops(fo[0], specs, fo[1], isa))
+    probes = {id(f): _probe(f, specs, per_op, isa) for f, per_op in modelled}
+
+    def cost(fo: tuple[ix.Program, list[list[tuple[float, OpSchedule]]]]) -> float:
+        form, per_op = fo
+        module = probes[id(form)]
+        wait = 0.0
+        if module is not None and len(form.ops) > 1:
+            body = module.function(module.entry).body
+            scratch = frozenset(s.buf for s in body if isinstance(s, k.Local))
+            wait = UNFORWARDED_ROUND_TRIP if _unforwarded_scratch_loads(body, scratch) else 0.0
+        return round(sum(opts[0][0] for opts in per_op) + wait, 6)
+
+    best = min(cost(fo) for fo in modelled)
+    tied = [fo for fo in modelled if cost(fo) == best]
+    if not break_ties or len(tied) == 1:
+        return tied[0]
+    return min(tied, key=lambda fo: _whole_cost(fo[0], fo[1], probes[id(fo[0])], isa, core))
 
 
-def _unforwarded_between_ops(form: ix.Program, specs: tuple[ArgSpec, ...],
-                             per_op: list[list[tuple[float, OpSchedule]]], isa: Isa) -> float:
-    """``UNFORWARDED_ROUND_TRIP`` where one operation of ``form`` reads a temporary in
-    vectors that the stores of the operation writing it do not hold whole, with each
-    operation's best-modelled schedule (``options`` models each on its own); else 0."""
-    if len(form.ops) == 1:
-        return 0.0
+def _probe(form: ix.Program, specs: tuple[ArgSpec, ...],
+           per_op: list[list[tuple[float, OpSchedule]]], isa: Isa) -> k.Module | None:
+    """``form`` built with each operation's best-modelled schedule; None where those do
+    not build together."""
     try:
-        module = build_module(form, specs, tuple(o[0][1] for o in per_op), isa, "probe",
-                              write_prefetches=False)
-    except ScheduleError:  # the best of each does not build together: priced as before
-        return 0.0
-    body = module.function(module.entry).body
-    scratch = frozenset(s.buf for s in body if isinstance(s, k.Local))
-    return UNFORWARDED_ROUND_TRIP if _unforwarded_scratch_loads(body, scratch) else 0.0
+        return build_module(form, specs, tuple(o[0][1] for o in per_op), isa, "probe",
+                            write_prefetches=False)
+    except ScheduleError:
+        return None
+
+
+def _whole_cost(form: ix.Program, per_op: list[list[tuple[float, OpSchedule]]],
+                module: k.Module | None, isa: Isa, core: Core | None) -> float:
+    """``program_cost`` of ``form``'s ``module`` (its operations with their best-modelled
+    schedules), which sees what the sum of the operations' costs does not: their chains
+    overlap where they are independent, and a temporary read back element by element
+    waits for its stores once. C = alpha*(A0 + A1)'*B + beta*C 4 x 4 x 16 f32 on
+    AVX-512: the fused form and the form with the sum in a temporary both cost 28 cycles
+    as sums, 28 and 26 whole, and ran 9.4-9.8 and 8.0-8.3 ns a call (a Xeon, CPU model
+    167; LGen's harness). Taken for every choice of form (not only on ties) it also
+    moved forms whose costs differ by half a cycle, both ways: y = alpha*A*x + beta*y 80
+    x 4 f32 0.90-0.94x, C = alpha*(A0 + A1)'*B + beta*C 12 x 4 x 12 f32 (two
+    temporaries) 0.81x."""
+    if module is None:
+        return sum(o[0][0] for o in per_op)
+    schedule = tuple(o[0][1] for o in per_op)
+    return program_cost(module, form, schedule, isa, core=core)
 
 
 def choose(program: ix.Program, specs: tuple[ArgSpec, ...], isa: Isa, *,
