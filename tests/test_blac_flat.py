@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import blacc
+from blacc.backend import c as c_backend
 from blacc.blacs import plan
 from blacc.errors import ScheduleError
 from blacc.ir import kernel as k
@@ -66,6 +67,29 @@ def test_the_update_of_a_3x3_sum_is_six_permutes():
     assert sorted((s.index.value, s.value.lanes) for s in stores) == [(0, 8), (8, 1)]
 
 
+@pytest.mark.parametrize(("dtype", "loads"), [("f32", "quad_load"), ("f64", "dup_load")])
+def test_rows_repeated_in_parts_of_the_vector_are_loaded_into_them(dtype, loads):
+    """C = alpha*(A0 + A1)'*B + beta*C 4 x 4 x 4 flat on AVX-512: B[k, j] over C's rows
+    of 4 is B's row k in every quarter (f32) or half (f64) of a vector, one broadcast
+    load each (vbroadcastf32x4, vbroadcastf64x4), not a permute of B held in a
+    register; A0 + A1, column k spread over the rows, is still permuted once per term."""
+    decls = dict(alpha=S(dtype), A0=M(4, 4, dtype), A1=M(4, 4, dtype), B=M(4, 4, dtype),
+                 beta=S(dtype), C=M(4, 4, dtype))
+    p = plan("C = alpha*(A0 + A1)'*B + beta*C", target="avx512", **decls)
+    module = build_module(p.indexed, p.specs, (OpSchedule("j", flat=True),), AVX512, "k")
+    permuted = {x.x for x in nodes_of(module, k.Permute)}
+    held = {s.var: s.value for s in nodes_of(module, k.Decl)}
+    assert all(isinstance(held[v], k.Bin) for v in permuted)  # A0 + A1 alone
+    halves = nodes_of(module, k.Halves)
+    quarters = ({q for h in halves if (q := k.quartered_load(h)) is not None}
+                if loads == "quad_load" else
+                {h.lo for h in halves if h.lo == h.hi and isinstance(h.lo, k.Load)})
+    assert {(q.buf, q.index.value, q.lanes) for q in quarters} == {
+        ("B", 4 * row, 4) for row in range(4)}
+    assert f"_mm512_broadcast_{'f32x4' if dtype == 'f32' else 'f64x4'}" in c_backend.render(
+        module, AVX512)
+
+
 PROGRAMS = {
     "accumulate": ("C = A*B + C", lambda m, n, kk, dt: dict(A=M(m, kk, dt), B=M(kk, n, dt),
                                                             C=M(m, n, dt))),
@@ -81,7 +105,8 @@ PROGRAMS = {
         C=M(m, n, dt, layout="col"))),
 }
 SHAPES = [(2, 2, 2, "f32"), (3, 3, 3, "f32"), (3, 5, 4, "f32"), (5, 5, 5, "f32"),
-          (4, 4, 6, "f32"), (2, 2, 3, "f64"), (3, 3, 3, "f64"), (4, 3, 2, "f64")]
+          (4, 4, 6, "f32"), (4, 4, 4, "f32"), (2, 4, 3, "f32"), (2, 2, 3, "f64"),
+          (3, 3, 3, "f64"), (4, 3, 2, "f64"), (4, 4, 3, "f64")]
 
 
 @pytest.mark.parametrize("name", PROGRAMS)
@@ -100,7 +125,8 @@ def test_flat_candidates_agree_with_numpy(name, m, n, kk, dtype):
 @pytest.mark.parametrize(("name", "m", "n", "kk", "dtype"), [
     ("sum_transposed", 3, 3, 3, "f32"), ("update", 3, 5, 4, "f32"),
     ("both_transposed", 5, 5, 5, "f32"), ("column_major", 3, 3, 3, "f64"),
-    ("update", 4, 3, 2, "f64")])
+    ("update", 4, 3, 2, "f64"), ("sum_transposed", 4, 4, 4, "f32"),
+    ("update", 4, 4, 3, "f64"), ("accumulate", 2, 4, 3, "f32")])
 def test_flat_compiled_against_guard_pages(tmp_path, name, m, n, kk, dtype):
     """Each flat candidate compiled by gcc with -Werror (always) and run on operands
     against guard pages where the CPU has AVX-512."""

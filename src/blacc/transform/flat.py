@@ -10,6 +10,8 @@ operand a term reads is, per lane, the element that position needs: for C's lane
 
 * one element for every lane: a broadcast;
 * consecutive elements: a plain load (beta*C reads C so);
+* a run of consecutive elements in each half or quarter: one load into all of them (B
+  4 x 4 read over C's rows of 4 f32, ``_Flat.repeated``);
 * anything else: one permute (``k.Permute``) of the operand's elements, loaded once into
   one or two vectors (A0 3 x 3 is nine lanes of one masked 512-bit load; its column i
   spread over C's rows is lanes 3k, 3k, 3k, 3k+1, ...).
@@ -175,7 +177,27 @@ class _Flat:
             return k.Broadcast(k.Load(st.buf, k.Const(offs[0]), self.dt), width)
         if _plain(offs):
             return k.Load(st.buf, k.Const(offs[0]), self.dt, width)
+        if (repeated := self.repeated(st.buf, offs)) is not None:
+            return repeated
         return self.permuted(r, r, offs)
+
+    def repeated(self, buf: str, offs: list[int]) -> k.Expr | None:
+        """Consecutive elements repeated in each half or quarter of the vector (B[k, j]
+        over C's rows of 4 f32, B 4 x 4: B's row k in every quarter), loaded once into
+        all of them (vbroadcastf32x4, vbroadcastf64x4, vbroadcastf128): a load, where a
+        permute of the operand held in a register takes the shuffle pipe, on Intel's
+        cores port 5, which the FMAs of 512-bit vectors share. C = alpha*(A0 + A1)'*B +
+        beta*C 4 x 4 x 4 f32 on AVX-512 ran 3.55-3.87 ns a call with B permuted, 3.05-3.33
+        with it loaded so (LGen's harness; a Xeon, CPU model 167). None where ``offs`` is
+        no such run or the ISA has no such load."""
+        width = len(offs)
+        for parts, name in ((2, "dup_load"), (4, "quad_load")):
+            run = offs[:width // parts]
+            if (len(run) > 1 and offs == run * parts and _plain(run)
+                    and self.isa.has_op(name, self.dt, width)):
+                load = k.Load(buf, k.Const(run[0]), self.dt, len(run))
+                return k.Halves(load, load) if parts == 2 else k.quartered(load)
+        return None
 
     def alike(self, node: ix.Node) -> ix.Read | None:
         """The first array read of ``node``, where every array read in it has the same
