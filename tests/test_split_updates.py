@@ -98,14 +98,15 @@ def test_a_loop_body_splits_its_own():
     ("y = alpha*x + y", 24, "f32", True),  # 3 pieces, modelled 3 cycles
     ("y = alpha*x + y", 32, "f64", True),  # 8 pieces
     ("y = alpha*x + y", 48, "f64", False),  # 12 pieces
-    ("C = alpha*(A0 + A1)'*B + beta*C", 4, "f64", False),  # modelled 12 cycles
+    ("C = alpha*(A0 + A1)'*B + beta*C", 4, "f64", True),  # flat, modelled 9 cycles
+    ("C = alpha*(A0 + A1)'*B + beta*C", 8, "f64", False),  # modelled 30 cycles
     ("C = alpha*(A0 + A1)'*B + beta*C", 4, "f32", True),
 ])
 def test_short_kernels_split(source, n, dtype, split):
     """Plans split their updates where the kernel is short: modelled at most
     ``SPLIT_BELOW_CYCLES``, in at most ``SPLIT_PIECES`` pieces."""
     shapes = dict(alpha=S(dtype), beta=S(dtype), x=V(n, dtype), y=V(n, dtype),
-                  A0=M(4, 4, dtype), A1=M(4, 4, dtype), B=M(4, 4, dtype), C=M(4, 4, dtype))
+                  A0=M(4, 4, dtype), A1=M(4, 4, dtype), B=M(4, n, dtype), C=M(4, n, dtype))
     decls = {name: shapes[name] for name in shapes if name in source}
     p = plan(source, target="avx512", **decls)
     whole = build_module(p.indexed, p.specs, p.schedule, AVX512, p.module.entry)
