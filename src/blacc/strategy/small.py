@@ -1113,13 +1113,15 @@ def cheapest_form(forms: Sequence[ix.Program], specs: tuple[ArgSpec, ...], isa: 
     cheapest modelled whole (``_whole_cost``), or with ``break_ties`` False to the
     first."""
     modelled = [(f, options(f, specs, isa, core=core)) for f in forms]
-    probes = {id(f): _probe(f, specs, per_op, isa) for f, per_op in modelled}
+    # one operation alone is already modelled whole
+    probes = {id(f): _probe(f, specs, per_op, isa) if len(f.ops) > 1 else None
+              for f, per_op in modelled}
 
     def cost(fo: tuple[ix.Program, list[list[tuple[float, OpSchedule]]]]) -> float:
         form, per_op = fo
         module = probes[id(form)]
         wait = 0.0
-        if module is not None and len(form.ops) > 1:
+        if module is not None:
             body = module.function(module.entry).body
             scratch = frozenset(s.buf for s in body if isinstance(s, k.Local))
             wait = UNFORWARDED_ROUND_TRIP if _unforwarded_scratch_loads(body, scratch) else 0.0
@@ -1146,15 +1148,15 @@ def _probe(form: ix.Program, specs: tuple[ArgSpec, ...],
 def _whole_cost(form: ix.Program, per_op: list[list[tuple[float, OpSchedule]]],
                 module: k.Module | None, isa: Isa, core: Core | None) -> float:
     """``program_cost`` of ``form``'s ``module`` (its operations with their best-modelled
-    schedules), which sees what the sum of the operations' costs does not: their chains
-    overlap where they are independent, and a temporary read back element by element
-    waits for its stores once. C = alpha*(A0 + A1)'*B + beta*C 4 x 4 x 16 f32 on
-    AVX-512: the fused form and the form with the sum in a temporary both cost 28 cycles
-    as sums, 28 and 26 whole, and ran 9.4-9.8 and 8.0-8.3 ns a call (a Xeon, CPU model
-    167; LGen's harness). Taken for every choice of form (not only on ties) it also
-    moved forms whose costs differ by half a cycle, both ways: y = alpha*A*x + beta*y 80
-    x 4 f32 0.90-0.94x, C = alpha*(A0 + A1)'*B + beta*C 12 x 4 x 12 f32 (two
-    temporaries) 0.81x."""
+    schedules; None: the sum of their costs, one operation's own), which sees what that
+    sum does not: their chains overlap where they are independent, and a temporary read
+    back element by element waits for its stores once. C = alpha*(A0 + A1)'*B + beta*C
+    4 x 4 x 16 f32 on AVX-512: the fused form and the form with the sum in a temporary
+    both cost 28 cycles as sums, 28 and 26 whole, and ran 8.6-9.0 and 7.0-7.4 ns a call
+    (a Xeon, CPU model 167; LGen's harness). Taken for every choice of form (not only on
+    ties) it also moved forms whose costs differ by half a cycle, both ways: y =
+    alpha*A*x + beta*y 80 x 4 f32 0.90-0.94x, C = alpha*(A0 + A1)'*B + beta*C 12 x 4 x 12
+    f32 (two temporaries) 0.81x."""
     if module is None:
         return sum(o[0][0] for o in per_op)
     schedule = tuple(o[0][1] for o in per_op)
