@@ -37,6 +37,7 @@ from .strategy.small import (
     choose,
     core_for,
     isa_choice_cost,
+    modelled_forms,
     options,
     search_pool,
     split_short_updates,
@@ -146,13 +147,15 @@ def plan(program: object, *, name: str = "blac_kernel", target: str | Isa | None
         if search == "model":
             # one plan per ISA by the model, and the one worth its wider vectors; the
             # ISA is chosen on the forms the first of tied forms gives (``_model_plan``)
-            modelled = [_model_plan(typed, specs, isa, candidates, name, break_ties=False)
-                        for isa in isas]
+            memo: dict[str, list] = {}  # each ISA's forms modelled once for both plans
+            modelled = [_model_plan(typed, specs, isa, candidates, name, break_ties=False,
+                                    memo=memo) for isa in isas]
             machine = host_target().machine
             costs = [isa_choice_cost(p.module, p.indexed, p.schedule, p.isa, machine)
                      for p in modelled]
             isa = isas[worth_wider(costs, gain=wider_gain(machine))]
-            return _split_updates(_model_plan(typed, specs, isa, candidates, name))
+            return _split_updates(_model_plan(typed, specs, isa, candidates, name,
+                                              memo=memo))
         targets = isas  # timed against each other: the call's cost is in the timings
     else:
         isa = _isa(target)
@@ -222,7 +225,8 @@ def _split_updates(p: Plan) -> Plan:
 
 
 def _model_plan(typed: TypedProgram, specs: tuple[ArgSpec, ...], isa: Isa,
-                candidates: tuple[ix.Program, ...], name: str, break_ties: bool = True) -> Plan:
+                candidates: tuple[ix.Program, ...], name: str, break_ties: bool = True,
+                memo: dict[str, list] | None = None) -> Plan:
     """The cost model's form and schedules, remembered in the kernel cache: modelling every
     candidate takes up to ~2 s, and a program is usually compiled again and again. A
     remembered choice is checked by building it, and that build is the plan's module.
@@ -230,13 +234,18 @@ def _model_plan(typed: TypedProgram, specs: tuple[ArgSpec, ...], isa: Isa,
     ties left to the first form: a form a tie goes to reads a temporary back element by
     element, which the model prices lower on AVX-512 than it runs, and the three kernels
     of LGen's cases it moved from AVX2 to AVX-512 on a Xeon (CPU model 167) ran
-    0.88-1.02x (micro C = alpha*(A0 + A1)'*B + beta*C 5 x 5 f64 0.87-0.89x, below the
-    loops)."""
+    0.87-1.02x (micro C = alpha*(A0 + A1)'*B + beta*C 5 x 5 f64 0.87-0.89x, below the
+    loops). ``memo``: the forms modelled (``modelled_forms``) by ISA, shared by plans of
+    one program."""
     built: dict[Choice, k.Module] = {}
     core = _core(isa)
+    memo = {} if memo is None else memo
 
     def decide() -> Choice:
-        indexed, per_op = cheapest_form(candidates, specs, isa, core, break_ties)
+        if isa.name not in memo:
+            memo[isa.name] = modelled_forms(candidates, specs, isa, core)
+        indexed, per_op = cheapest_form(candidates, specs, isa, core, break_ties,
+                                        memo[isa.name])
         return candidates.index(indexed), choose(indexed, specs, isa, per_op=per_op)
 
     def fits(choice: Choice) -> bool:

@@ -1103,16 +1103,26 @@ def options(program: ix.Program, specs: tuple[ArgSpec, ...], isa: Isa,
     return result
 
 
+def modelled_forms(forms: Sequence[ix.Program], specs: tuple[ArgSpec, ...], isa: Isa,
+                   core: Core | None = None
+                   ) -> list[tuple[ix.Program, list[list[tuple[float, OpSchedule]]]]]:
+    """Each form with its ``options``: what ``cheapest_form`` chooses from."""
+    return [(f, options(f, specs, isa, core=core)) for f in forms]
+
+
 def cheapest_form(forms: Sequence[ix.Program], specs: tuple[ArgSpec, ...], isa: Isa,
-                  core: Core | None = None, break_ties: bool = True
+                  core: Core | None = None, break_ties: bool = True,
+                  modelled: list[tuple[ix.Program, list[list[tuple[float, OpSchedule]]]]]
+                  | None = None
                   ) -> tuple[ix.Program, list[list[tuple[float, OpSchedule]]]]:
     """Of several index forms of one program (``index_notation.forms``), the one whose
     best-modelled schedule costs least, with its ``options``. Operations run one after
     another, so a form costs the sum of its operations' best, and the wait where one
     reads a temporary another's stores do not forward. Forms that tie go to the one
     cheapest modelled whole (``_whole_cost``), or with ``break_ties`` False to the
-    first."""
-    modelled = [(f, options(f, specs, isa, core=core)) for f in forms]
+    first. ``modelled``: ``modelled_forms`` of ``forms``, where already computed."""
+    if modelled is None:
+        modelled = modelled_forms(forms, specs, isa, core)
     # one operation alone is already modelled whole
     probes = {id(f): _probe(f, specs, per_op, isa) if len(f.ops) > 1 else None
               for f, per_op in modelled}
@@ -1127,8 +1137,8 @@ def cheapest_form(forms: Sequence[ix.Program], specs: tuple[ArgSpec, ...], isa: 
             wait = UNFORWARDED_ROUND_TRIP if _unforwarded_scratch_loads(body, scratch) else 0.0
         return round(sum(opts[0][0] for opts in per_op) + wait, 6)
 
-    best = min(cost(fo) for fo in modelled)
-    tied = [fo for fo in modelled if cost(fo) == best]
+    costs = [cost(fo) for fo in modelled]
+    tied = [fo for fo, c in zip(modelled, costs, strict=True) if c == min(costs)]
     if not break_ties or len(tied) == 1:
         return tied[0]
     return min(tied, key=lambda fo: _whole_cost(fo[0], fo[1], probes[id(fo[0])], isa, core))
