@@ -371,7 +371,7 @@ def _node_issue(e: k.Expr, own: _Issue, acc: _Issue, isa: Isa, loop: str | None,
         # a shuffle with an immediate (vpermilps), its load folded; two rows joined from
         # two loads are joined once for all the lanes splatted from them (the C compiler
         # merges the repeated joins of a straight-line segment)
-        own.shuffles += 1.0
+        own.shuffles += WIDE_SPLAT_SHUFFLES if _wide_splat(e, datapath) else 1.0
         if isinstance(e.x, k.Halves) and joined is not None:
             if e.x in joined:
                 return
@@ -428,6 +428,23 @@ def _node_issue(e: k.Expr, own: _Issue, acc: _Issue, isa: Isa, loop: str | None,
         own.fp += halvings
         own.shuffles += _core(core).reduce_shuffle * (halvings - (e.x.dtype == "f32"))
         _expr_issue(e.x, acc, isa, loop, joined, datapath, single, read, core)
+
+
+#: Shuffles charged for a splat within 256-bit parts of a vector wider than the core's
+#: datapath (``_wide_splat``), for each piece the datapath takes. On Zen 4, of the LGen
+#: kernels with AVX-512's pairs of 4 f64 rows, all 38 modelled no slower than AVX2's and
+#: ran 0.86x as fast (geomean; C = A*B 8 x 4 x 4 f64 1.01x the loops against AVX2's
+#: broadcasts' 1.28x). In the fit of ``ZEN4_WIDER_GAIN``'s two runs 2 gave 1.850x over
+#: the loops against 1.829x at 1 (1.5: 1.847x; 3: as 2, every such plan on AVX2).
+WIDE_SPLAT_SHUFFLES = 2.0
+
+
+def _wide_splat(e: k.HalfSplat, datapath: int) -> bool:
+    """Whether ``e`` splats within parts wider than 128 bits of a vector wider than
+    ``datapath`` (Zen 4's ``vpermpd`` with an immediate on a 512-bit vector: two rows of
+    4 f64 in the halves)."""
+    bits = e.lanes * itemsize(e.dtype) * 8
+    return bool(datapath) and bits > datapath and bits // e.parts > 128
 
 
 def _recomputed(e: k.Expr) -> bool:
@@ -835,6 +852,13 @@ def _zen3(machine: Machine) -> bool:
             and not machine.has("avx512f"))
 
 
+def _zen4(machine: Machine) -> bool:
+    """AMD family 25 with AVX-512: Zen 4, whose 512-bit instructions take its 256-bit
+    pipes twice."""
+    return (machine.vendor == "AuthenticAMD" and machine.family == 25
+            and machine.has("avx512f"))
+
+
 def _zen5(machine: Machine) -> bool:
     """AMD family 26: 512-bit pipes at the 256-bit ones' clock."""
     return machine.vendor == "AuthenticAMD" and machine.family == 26
@@ -844,10 +868,11 @@ def crossing_store_cycles(machine: Machine) -> float:
     """What a store across a cache line costs on ``machine``, for the choice between its
     ISAs: ``CROSSING_STORE_CYCLES``, but nothing on AMD family 26 (Zen 5), where C = A*B
     with C 100 x 100 f64 ran 652 ns a call with AVX-512 (600 crossing stores) against
-    1288 with AVX2. Zen 4 is not measured; its 256-bit datapath keeps such plans on AVX2
-    anyway. (Plans within one ISA are modelled alike on every machine, so that the plan
-    cache need not know the machine.)"""
-    return 0.0 if _zen5(machine) else CROSSING_STORE_CYCLES
+    1288 with AVX2; nor on Zen 4, where the same kernels ran 1.07x and 0.97x the loops'
+    speed (the one LGen case whose choice the charge changes there). (Plans within one
+    ISA are modelled alike on every machine, so that the plan cache need not know the
+    machine.)"""
+    return 0.0 if _zen5(machine) or _zen4(machine) else CROSSING_STORE_CYCLES
 
 
 def _crossing_stores(body: tuple[k.Stmt, ...], scratch: frozenset[str]) -> int:
@@ -953,6 +978,16 @@ WIDER_GAIN = 1.4
 #: cost on both), 1.05 ran 1.912x over the loops and 1.4 1.892x (the best for 0-8 cycles
 #: of call at 1.05 are within 0.001; 1.0, which takes AVX-512 on a tie, 1.904x).
 ZEN5_WIDER_GAIN = 1.05
+#: The gain on Zen 4 (``_zen4``): none, the wider ISA on a tie. Refitted on two full LGen
+#: runs with ``BLACC_ISA=avx2`` and ``BLACC_ISA=avx512`` (blacc and the loops, each
+#: case's model cost on both) at 84ab1aa: 1.0 ran 1.829x over the loops with 32 cases
+#: below them by more than 3%, 1.4 1.756x with 73 (all AVX2 1.717x, all AVX-512 1.811x,
+#: a per-case oracle 1.899x; calls of 0-32 cycles within 0.001 at 1.0, gains 0.95-0.99
+#: within 0.001 of it, 1.01 1.822x). Ties are where the choice counts: on 69 cases
+#: modelled alike AVX-512 ran 1.03x as fast (C = A*B 4 x 4 x 4 f32, AVX-512's quarters
+#: 1.01x the loops, AVX2's pairs 0.80x): it dispatches half the instructions, which the
+#: pipes the model counts do not see.
+ZEN4_WIDER_GAIN = 1.0
 
 
 #: The gain on Intel's cores, whose shuffles the model counts on one pipe (``core_for``):
@@ -969,6 +1004,8 @@ def wider_gain(machine: Machine) -> float:
     """How much faster the wider ISA must be modelled on ``machine`` to be taken."""
     if _zen5(machine):
         return ZEN5_WIDER_GAIN
+    if _zen4(machine):
+        return ZEN4_WIDER_GAIN
     return INTEL_WIDER_GAIN if machine.vendor == "GenuineIntel" else WIDER_GAIN
 
 
