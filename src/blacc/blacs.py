@@ -102,7 +102,8 @@ def host_isas() -> tuple[Isa, ...]:
     AVX-512 as all on AVX2 (geomean; 0.82x before AVX-512 had 128-bit leftovers), and
     1.13x with the choice per program. Zen 4 runs 512-bit instructions over 256-bit
     pipes, and the choice models them so (``Machine.vector_datapath``): there AVX-512
-    pays only where its masks and 32 registers do."""
+    often ties, and a tie goes to it (``strategy.small.wider_gain``), which dispatches
+    half the instructions."""
     isa = host_target().isa
     if isa is AVX512 and not requested_isa():
         return (AVX2, AVX512)
