@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
-import math
 import sys
 from pathlib import Path
 
@@ -27,14 +26,14 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import harness as h  # noqa: E402
+from model_fit import _geomean  # noqa: E402
+from run import NOISE  # noqa: E402
 
 from blacc import blacs  # noqa: E402
-from blacc.strategy.small import CALL_CYCLES, isa_choice_cost, wider_gain, worth_wider  # noqa: E402
+from blacc.strategy.small import CALL_CYCLES, wider_gain, worth_wider  # noqa: E402
 
 CALLS = (0.0, 2.0, 4.0, 8.0, 16.0, 32.0)
 GAINS = (0.9, 0.95, 1.0, 1.01, 1.05, 1.1, 1.2, 1.3, 1.4, 1.5)
-#: below the loops by more than this counts as a miss (as run.py's summary)
-MISS = 0.97
 
 
 def speeds(path: Path) -> dict[str, float]:
@@ -52,26 +51,19 @@ def case_costs(path: Path | None) -> dict[str, list[float]]:
     """Each case's modelled cost on each of this machine's ISAs, narrowest first."""
     if path is not None and path.exists():
         return {j["case"]: j["costs"] for j in map(json.loads, path.read_text().splitlines())}
-    machine, isas = blacs.host_target().machine, blacs.host_isas()
+    isas = blacs.host_isas()
     if len(isas) < 2:
         raise SystemExit("this machine has one ISA for fixed-size programs: nothing to fit")
     out: dict[str, list[float]] = {}
     for n, case in enumerate(h.all_cases()):
         typed = blacs._typed(case.program, h._decls(case))
-        specs, candidates, memo = blacs.arg_specs(typed), blacs.forms(typed), {}
-        plans = [blacs._model_plan(typed, specs, isa, candidates, "k", break_ties=False,
-                                   memo=memo) for isa in isas]
-        out[case.cid] = [isa_choice_cost(p.module, p.indexed, p.schedule, p.isa, machine)
-                         for p in plans]
+        out[case.cid] = blacs.isa_choice_costs(typed, blacs.arg_specs(typed),
+                                               blacs.forms(typed), isas, "k")
         print(f"{n + 1} {case.cid}: {out[case.cid]}", file=sys.stderr, flush=True)
     if path is not None:
         path.write_text("".join(json.dumps({"case": c, "costs": v}) + "\n"
                                 for c, v in out.items()))
     return out
-
-
-def _geomean(values: list[float]) -> float:
-    return math.exp(sum(map(math.log, values)) / len(values))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -87,7 +79,7 @@ def main(argv: list[str] | None = None) -> None:
     def score(call: float, gain: float) -> tuple[float, int, int]:
         picks = [worth_wider(costs[c], call=call, gain=gain) for c in cases]
         got = [runs[i][c] for i, c in zip(picks, cases, strict=True)]
-        return _geomean(got), sum(s < MISS for s in got), sum(picks)
+        return _geomean(got), sum(s < 1 - NOISE for s in got), sum(picks)
 
     print(f"{len(cases)} cases, blacc over the loops: all on the narrower ISA "
           f"{_geomean([runs[0][c] for c in cases]):.4f}x, all on the wider "

@@ -149,12 +149,8 @@ def plan(program: object, *, name: str = "blac_kernel", target: str | Isa | None
             # one plan per ISA by the model, and the one worth its wider vectors; the
             # ISA is chosen on the forms the first of tied forms gives (``_model_plan``)
             memo: dict[str, list] = {}  # each ISA's forms modelled once for both plans
-            modelled = [_model_plan(typed, specs, isa, candidates, name, break_ties=False,
-                                    memo=memo) for isa in isas]
-            machine = host_target().machine
-            costs = [isa_choice_cost(p.module, p.indexed, p.schedule, p.isa, machine)
-                     for p in modelled]
-            isa = isas[worth_wider(costs, gain=wider_gain(machine))]
+            costs = isa_choice_costs(typed, specs, candidates, isas, name, memo)
+            isa = isas[worth_wider(costs, gain=wider_gain(host_target().machine))]
             return _split_updates(_model_plan(typed, specs, isa, candidates, name,
                                               memo=memo))
         targets = isas  # timed against each other: the call's cost is in the timings
@@ -169,6 +165,19 @@ def plan(program: object, *, name: str = "blac_kernel", target: str | Isa | None
     times = list(measure(pool))
     best = pool[times.index(min(times))]
     return Plan(typed, best.indexed, specs, best.schedule, best.module, best.isa)
+
+
+def isa_choice_costs(typed: TypedProgram, specs: tuple[ArgSpec, ...],
+                     candidates: tuple[ix.Program, ...], isas: tuple[Isa, ...], name: str,
+                     memo: dict[str, list] | None = None) -> list[float]:
+    """What 'host' compares between ``isas``: each one's model plan with ties left to the
+    first form (``_model_plan``), priced as this machine's choice sees it
+    (``isa_choice_cost``). ``memo``: as for ``_model_plan``."""
+    memo = {} if memo is None else memo
+    machine = host_target().machine
+    plans = [_model_plan(typed, specs, isa, candidates, name, break_ties=False, memo=memo)
+             for isa in isas]
+    return [isa_choice_cost(p.module, p.indexed, p.schedule, p.isa, machine) for p in plans]
 
 
 #: Schedules per operation a measuring search considers (the model's ``keep`` is 8):
