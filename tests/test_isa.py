@@ -477,6 +477,28 @@ def test_zen4_charges_avx512_pairs_of_f64_rows_their_lane_crossing_splats(monkey
     assert not small._wide_splat(quarters, 256)
 
 
+def test_zen4_charges_avx512_spreads_across_the_whole_vector(monkeypatch):
+    """gemm n x 4 x 4 x n f32, n = 8: AVX-512's folds spread A's elements over the
+    output's lanes (``vpermps`` across the whole 512-bit vector), which Zen 4 runs over
+    its 256-bit pipes at more than a shuffle a piece (14-18 ns a call against AVX2's
+    9.1). The choice charges them ``WIDE_SPREAD_SHUFFLES`` there and takes AVX2; a core
+    that takes 512 bits at once keeps AVX-512."""
+    from blacc.ir import kernel as k
+
+    monkeypatch.delenv("BLACC_ISA", raising=False)
+    decls = {"A": blacc.Matrix(8, 4, "f32"), "B": blacc.Matrix(4, 8, "f32"),
+             "C": blacc.Matrix(8, 8, "f32"), "alpha": blacc.Scalar("f32"),
+             "beta": blacc.Scalar("f32")}
+    blacs = _avx512_host(monkeypatch, vendor="AuthenticAMD", family=25)
+    assert blacs.plan("C = alpha*A*B + beta*C", **decls).isa is AVX2
+    monkeypatch.setattr(small, "WIDE_SPREAD_SHUFFLES", 1.0)
+    assert blacs.plan("C = alpha*A*B + beta*C", **decls).isa is AVX512
+    spread = k.Spread(k.Load("A", k.Const(0), "f32", 2), 16)
+    assert small._wider_than(spread, 256)
+    assert not small._wider_than(spread, 0)  # a core that takes 512 bits at once
+    assert not small._wider_than(replace(spread, lanes=8), 256)
+
+
 def test_isa_choice_counts_avx512_broadcasts_read_by_their_fma(monkeypatch):
     """C = A*B 12 x 4 x 12 f64: AVX-512 reads each broadcast of A inside its FMA
     ({1to8}; 96 FMAs and multiplies, no broadcast of their own), against AVX2's 144 FMAs

@@ -382,7 +382,7 @@ def _node_issue(e: k.Expr, own: _Issue, acc: _Issue, isa: Isa, loop: str | None,
         # load alone, and an in-lane vpermilps). (Charged two shuffles, the model took
         # rows held in pairs over folded sums and ran 0.90x as fast on the 30 LGen cases
         # that changed: Zen 5, same-session A/B.)
-        own.shuffles += 1.0
+        own.shuffles += WIDE_SPREAD_SHUFFLES if _wider_than(e, datapath) else 1.0
         _expr_issue(e.x, acc, isa, loop, joined, datapath, single, read, core)
     elif isinstance(e, k.Half):
         if e.which:  # the high half needs vextractf128; the low one is free
@@ -443,8 +443,23 @@ def _wide_splat(e: k.HalfSplat, datapath: int) -> bool:
     """Whether ``e`` splats within parts wider than 128 bits of a vector wider than
     ``datapath`` (Zen 4's ``vpermpd`` with an immediate on a 512-bit vector: two rows of
     4 f64 in the halves)."""
-    bits = e.lanes * itemsize(e.dtype) * 8
-    return bool(datapath) and bits > datapath and bits // e.parts > 128
+    return _wider_than(e, datapath) and e.lanes * itemsize(e.dtype) * 8 // e.parts > 128
+
+
+#: Shuffles charged for a ``k.Spread`` (``vpermps``, ``vpermpd`` across the whole vector)
+#: on a vector wider than the core's datapath, for each piece the datapath takes. On
+#: Zen 4 AVX-512's folds that keep the output dimension on lanes ran well below their
+#: model against AVX2's (gemm 4 x n x 4 f32 0.69-0.90x where 1.06-1.22x was modelled;
+#: gemm n x 4 x 4 x n n = 8 f32 folds 14-18 ns, AVX2 9.1 ns). Refitting the rule between
+#: ISAs on the two forced-ISA runs in ``zen4-avx512-isa/`` (``isa_fit.py``) gave blacc
+#: 1.8529x the loops with 25 misses >3% at 1.5, against 1.8503x and 29 at 1 (2: 1.8516x,
+#: 25; 3: 1.8438x, 25).
+WIDE_SPREAD_SHUFFLES = 1.5
+
+
+def _wider_than(e: k.Expr, datapath: int) -> bool:
+    """Whether ``e`` is a vector wider than a ``datapath``-bit vector unit (0: none is)."""
+    return bool(datapath) and e.lanes * itemsize(e.dtype) * 8 > datapath
 
 
 def _recomputed(e: k.Expr) -> bool:
