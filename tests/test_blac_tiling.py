@@ -600,6 +600,11 @@ def test_a_row_of_several_widths_splats_each_element_once():
     assert narrow and all(isinstance(e.a, k.Half) and isinstance(e.a.x, k.Half)
                           and isinstance(e.a.x.x, k.Var) for e in narrow)
     assert not [b for b in nodes_of(module, k.Broadcast) if b.lanes == 2]
+    # where 512 bits are wider than the datapath (Zen 4) each FMA broadcasts its own
+    apart = build_module(p.indexed, p.specs, (OpSchedule("j", (10, 2)),), AVX512, "k",
+                         shared_splats=False)
+    assert not nodes_of(apart, k.Half)
+    assert len([b for b in nodes_of(apart, k.Broadcast) if b.lanes == 2]) == 100
 
 
 def test_the_isa_choice_takes_avx512_broadcasts_from_memory_as_loads():

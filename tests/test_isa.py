@@ -477,6 +477,28 @@ def test_zen4_charges_avx512_pairs_of_f64_rows_their_lane_crossing_splats(monkey
     assert not small._wide_splat(quarters, 256)
 
 
+def test_zen4_avx512_splats_at_each_width_of_its_own(monkeypatch):
+    """C = A*B 24 x 4 x 24 f32: a row of C is a 16-lane and an 8-lane vector. Zen 4
+    runs AVX-512 over 256-bit pipes, and there one 512-bit broadcast of each element of A
+    shared by both FMAs ran 51.3 ns a call against 45.9 with each FMA's own broadcast
+    (``Core.shared_splats``); AVX2 there, and cores that take 512 bits at once, share.
+    The model picks blocks of 6 x 2 there either way; the kernel emitted does not share."""
+    from blacc.ir import kernel as k
+    from blacc.ir.walk import nodes_of
+
+    zen4 = replace(_machine(*AVX512_FLAGS), vendor="AuthenticAMD", family=25)
+    assert not small.core_for(zen4, AVX512).shared_splats
+    assert small.core_for(zen4, AVX2).shared_splats
+    assert small.core_for(replace(zen4, family=26), AVX512).shared_splats
+    decls = {"A": blacc.Matrix(24, 4, "f32"), "B": blacc.Matrix(4, 24, "f32"),
+             "C": blacc.Matrix(24, 24, "f32")}
+    for family, shared in ((25, False), (26, True)):  # Zen 4, Zen 5
+        blacs = _avx512_host(monkeypatch, vendor="AuthenticAMD", family=family)
+        module = blacs.plan("C = A*B", target="avx512", **decls).module
+        casts = [h for h in nodes_of(module, k.Half) if isinstance(h.x, k.Var)]
+        assert bool(casts) is shared
+
+
 def test_zen4_charges_avx512_spreads_across_the_whole_vector(monkeypatch):
     """gemm n x 4 x 4 x n f32, n = 8: AVX-512's folds spread A's elements over the
     output's lanes (``vpermps`` across the whole 512-bit vector), which Zen 4 runs over

@@ -206,7 +206,8 @@ def _search_pool(candidates: tuple[ix.Program, ...], specs: tuple[ArgSpec, ...],
     for _, form, schedule in ranked:
         try:
             module = build_module(form, specs, schedule, isa, name,
-                                  write_prefetches=_write_prefetches())
+                                  write_prefetches=_write_prefetches(),
+                                  shared_splats=_core(isa).shared_splats)
         except ScheduleError:  # each operation's schedule builds, but not this combination
             continue
         module = split_short_updates(module, form, schedule, isa, _core(isa))
@@ -270,7 +271,8 @@ def _model_plan(typed: TypedProgram, specs: tuple[ArgSpec, ...], isa: Isa,
             return False
         try:
             built[choice] = build_module(program, specs, schedule, isa, name,
-                                         write_prefetches=_write_prefetches())
+                                         write_prefetches=_write_prefetches(),
+                                         shared_splats=core.shared_splats)
         except ScheduleError:
             return False
         return True
@@ -280,7 +282,8 @@ def _model_plan(typed: TypedProgram, specs: tuple[ArgSpec, ...], isa: Isa,
     form, schedule = choice = remembered(parts, decide, fits)
     indexed = candidates[form]
     module = built.get(choice) or build_module(indexed, specs, schedule, isa, name,
-                                                write_prefetches=_write_prefetches())
+                                                write_prefetches=_write_prefetches(),
+                                                shared_splats=core.shared_splats)
     return Plan(typed, indexed, specs, schedule, module, isa)
 
 

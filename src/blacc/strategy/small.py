@@ -122,6 +122,10 @@ class Core:
     #: cycles a call waits for a temporary's vector stores to be forwarded to broadcasts
     #: of its elements (``SCRATCH_ROUND_TRIP``; None: that constant's value)
     scratch_round_trip: float | None = None
+    #: whether the kernels emitted splat a scalar used at several widths once, at the
+    #: widest (``build_module``'s ``shared_splats``); the model ranks schedules as built
+    #: with shared splats either way (``options``)
+    shared_splats: bool = True
 
 
 def _core(core: Core | None) -> Core:
@@ -142,11 +146,22 @@ def core_for(machine: Machine, isa: Isa) -> Core:
     (``INTEL_REDUCE_SHUFFLE``), and calls overlap as far as their FP instructions and
     shuffles allow (``INTEL_OVERLAP_BY_FP``). Other cores: the model's constants (two
     shuffle pipes beside the FMA pipes, as on AMD's); on Zen 3 a temporary broadcast back an
-    element at a time costs no wait (``ZEN3_SCRATCH_ROUND_TRIP``)."""
+    element at a time costs no wait (``ZEN3_SCRATCH_ROUND_TRIP``). Where the ISA's vectors
+    are wider than the datapath (Zen 4's AVX-512) the kernels emitted do not share a
+    splat across widths: C = A*B 24 x 4 x 24 f32 in blocks of 6 x 2 (a 16-lane and an
+    8-lane vector a row) ran 51.3 ns a call with one 512-bit broadcast of each element of
+    A for both FMAs, 45.9 with each FMA's own broadcast from memory (folded into it by
+    gcc, ``{1to16}``, ``{1to8}``). The 16 LGen kernels that change ran 1.018x as fast over
+    the loops (six A/B rounds; misses >3% 4 -> 0; that product 0.86x -> 1.00x). The
+    model still ranks schedules with the splats shared: within an ISA it charges each
+    broadcast from memory an FP slot, which a folded one does not take, and ranking them
+    unshared moved C = alpha*(A0 + A1)'*B + beta*C 12 x 4 x 4 f64 to a form that ran 20.0
+    ns against its block's 15.4 unshared."""
     if _zen3(machine):
         return replace(_core(None), scratch_round_trip=ZEN3_SCRATCH_ROUND_TRIP)
     if machine.vendor != "GenuineIntel":
-        return _core(None)
+        wide = machine.vector_datapath and isa.lanes("f32") * 32 > machine.vector_datapath
+        return replace(_core(None), shared_splats=not wide)
     fp_and_shuffle = (INTEL_WIDE_FP_AND_SHUFFLE_PIPES if isa.mask_registers
                       else FP_AND_SHUFFLE_PIPES)
     return Core(INTEL_SHUFFLE_PIPES, fp_and_shuffle, INTEL_BROADCAST_FP, INTEL_PAIR_SHUFFLE,

@@ -284,8 +284,9 @@ class _Gen:
 
     def __init__(self, program: ix.Program, op: ix.Op, sched: OpSchedule, isa: Isa,
                  store: dict[str, _Storage], prefix: str,
-                 gathered_without: str | None = None) -> None:
+                 gathered_without: str | None = None, shared_splats: bool = True) -> None:
         self.p, self.op, self.s, self.isa, self.store = program, op, sched, isa, store
+        self.share_splats = shared_splats  # ``build_module``'s
         self.dt = program.dtype
         self.prefix = prefix
         self.n = 0
@@ -775,7 +776,7 @@ class _Gen:
         def splat(e: k.Expr) -> k.Expr:
             uses = widths.get(e.value, []) if isinstance(e, k.Broadcast) else []
             w = max(uses, default=0)
-            if not uses or min(uses) == w or uses.count(w) > 1:
+            if not self.share_splats or not uses or min(uses) == w or uses.count(w) > 1:
                 # one width only; or a wide splat several FMAs share, which is a register
                 # already (4 x 4 x 100 f32 in blocks of 2 x 4: sharing it with the 4-lane
                 # leftover tipped the model off blocks of 4 x 3, 0.93x as fast on Zen 5)
@@ -875,12 +876,13 @@ def _positions(extent: int, step: int) -> Iterator[tuple[int, int]]:
 
 
 def lower_op(program: ix.Program, op: ix.Op, sched: OpSchedule, isa: Isa,
-             store: dict[str, _Storage], prefix: str) -> list[k.Stmt]:
-    """Statements computing one operation."""
+             store: dict[str, _Storage], prefix: str, shared_splats: bool = True
+             ) -> list[k.Stmt]:
+    """Statements computing one operation (``shared_splats``: as for ``build_module``)."""
     if sched.folds and (sched.pairs or sched.quads or sched.one_tail or sched.tail_sums):
         raise ScheduleError("terms folded into the parts of vectors take the whole vector; "
                             "it holds no rows, masked tail or columns summed on lanes")
-    gen = _Gen(program, op, sched, isa, store, prefix)
+    gen = _Gen(program, op, sched, isa, store, prefix, shared_splats=shared_splats)
     if sched.flat:
         if sched != OpSchedule(sched.vector, flat=True):
             raise ScheduleError("a flat output has no blocks, rows per vector, tails or "
@@ -1044,7 +1046,8 @@ def _tail_sums(gen: _Gen, st: _Storage, u: str, v: str, extent: dict[str, int],
     if len(indices) != 1:
         raise ScheduleError("columns summed on lanes need exactly one reduction index")
     sched = replace(gen.s, vector=indices.pop(), tail_sums=False)
-    tail = _Gen(gen.p, op, sched, gen.isa, gen.store, gen.prefix, gathered_without=u)
+    tail = _Gen(gen.p, op, sched, gen.isa, gen.store, gen.prefix, gathered_without=u,
+                shared_splats=gen.share_splats)
     tail.n = gen.n  # names go on from the vectors' code
     di, dj = op.dims
 
@@ -1739,10 +1742,12 @@ SPLATS_FROM_MEMORY = 8
 
 def build_module(program: ix.Program, specs: tuple[ArgSpec, ...],
                  schedule: tuple[OpSchedule, ...], isa: Isa, name: str, *,
-                 write_prefetches: bool = True) -> k.Module:
+                 write_prefetches: bool = True, shared_splats: bool = True) -> k.Module:
     """The whole program as one exported function; temporaries are local arrays.
     ``write_prefetches``: whether interleaved stores into large outputs get write
-    prefetches ahead of them (``prefetch_stores``, ``Machine.prefetches_store_streams``)."""
+    prefetches ahead of them (``prefetch_stores``, ``Machine.prefetches_store_streams``).
+    ``shared_splats``: whether a scalar splat at several widths is splatted once, at the
+    widest (``_Gen.shared_splats``; ``strategy.small.Core.shared_splats``)."""
     if len(schedule) != len(program.ops):
         raise ScheduleError(f"{len(program.ops)} operations but {len(schedule)} op schedules")
     store = storages(program, specs)
@@ -1751,7 +1756,8 @@ def build_module(program: ix.Program, specs: tuple[ArgSpec, ...],
     parts: list[tuple[k.Stmt, ...]] = []
     for n, (op, sched) in enumerate(zip(program.ops, schedule, strict=True)):
         lowered = batch_row_sums(tuple(lower_op(program, op, sched, isa, store,
-                                                prefix=f"s{n}_")), isa)
+                                                prefix=f"s{n}_",
+                                                shared_splats=shared_splats)), isa)
         if sched.quads and any(r.x.lanes not in isa.widths(program.dtype)
                                for r in nodes_of(lowered, k.Reduce)):
             raise ScheduleError("rows held four per vector must be summed a vector's "
