@@ -194,9 +194,10 @@ def _search_pool(candidates: tuple[ix.Program, ...], specs: tuple[ArgSpec, ...],
     the program (``strategy.small.search_pool``), the best-modelled first for
     'exhaustive' and in a random order for 'random', one per distinct C source, at most
     ``SEARCH_BUDGET``."""
+    core = _core(isa)
     ranked = [(cost, form, schedule) for i, form in enumerate(candidates)
               for cost, schedule in search_pool(
-                  options(form, specs, isa, keep=SEARCH_OPTIONS, core=_core(isa)),
+                  options(form, specs, isa, keep=SEARCH_OPTIONS, core=core),
                   search, budget=SEARCH_BUDGET, seed=i)]
     if search == "exhaustive":
         ranked.sort(key=lambda c: c[0])
@@ -207,10 +208,10 @@ def _search_pool(candidates: tuple[ix.Program, ...], specs: tuple[ArgSpec, ...],
         try:
             module = build_module(form, specs, schedule, isa, name,
                                   write_prefetches=_write_prefetches(),
-                                  shared_splats=_core(isa).shared_splats)
+                                  shared_splats=core.shared_splats)
         except ScheduleError:  # each operation's schedule builds, but not this combination
             continue
-        module = split_short_updates(module, form, schedule, isa, _core(isa))
+        module = split_short_updates(module, form, schedule, isa, core)
         pool.setdefault(c_backend.render(module, isa), Candidate(isa, form, schedule, module))
         if len(pool) == SEARCH_BUDGET:
             break

@@ -160,7 +160,7 @@ def core_for(machine: Machine, isa: Isa) -> Core:
     if _zen3(machine):
         return replace(_core(None), scratch_round_trip=ZEN3_SCRATCH_ROUND_TRIP)
     if machine.vendor != "GenuineIntel":
-        wide = machine.vector_datapath and isa.lanes("f32") * 32 > machine.vector_datapath
+        wide = _pieces(isa.lanes("f32"), "f32", machine.vector_datapath) > 1
         return replace(_core(None), shared_splats=not wide)
     fp_and_shuffle = (INTEL_WIDE_FP_AND_SHUFFLE_PIPES if isa.mask_registers
                       else FP_AND_SHUFFLE_PIPES)
@@ -474,7 +474,7 @@ WIDE_SPREAD_SHUFFLES = 1.5
 
 def _wider_than(e: k.Expr, datapath: int) -> bool:
     """Whether ``e`` is a vector wider than a ``datapath``-bit vector unit (0: none is)."""
-    return bool(datapath) and e.lanes * itemsize(e.dtype) * 8 > datapath
+    return _pieces(e.lanes, e.dtype, datapath) > 1
 
 
 def _recomputed(e: k.Expr) -> bool:
