@@ -154,15 +154,16 @@ def _interleaving(p: Plan) -> Plan:
         p.indexed, p.specs, schedule, p.isa, p.module.entry))
 
 
-@pytest.mark.parametrize("target", ["avx2", "avx512", "generic"])
+# The generic target's kernels of these (each iteration whole rows, no prefetches) are
+# emitted and run below: planning them takes 15-50 s each, interpreting them as long again.
+@pytest.mark.parametrize("target", ["avx2", "avx512"])
 @pytest.mark.parametrize(("source", "decls", "dtype"), DECLS)
 def test_kernels_with_prefetches_agree_with_numpy(source, decls, dtype, target):
     p = _interleaving(plan(source, target=target, **decls))
     body = p.module.function(p.module.entry).body
     extents = {s.name: s.extent for s in p.specs}
     seen = list(_prefetched(body))
-    # vectors: blocks of rows along the columns; generic: each iteration whole rows
-    assert bool(seen) == (target != "generic"), p.schedule
+    assert seen, p.schedule  # blocks of rows along the columns
     assert all(0 <= at < extents[buf] for buf, at in seen)
     values = make_values(decls, dtype, np.random.default_rng(3))
     got = run_interp(p.module, p.specs, p.typed, values)
@@ -179,8 +180,8 @@ def test_emitted_kernels_with_prefetches_compile_strictly_and_run(tmp_path, sour
         c_path, _ = write_standalone(p, tmp_path / "blocks")
         run_emitted(c_path, p, decls, dtype, target, p.module.entry, misalign=True,
                     context=f"{source} {p.schedule}")
-    if target != "generic":
-        assert "BLACC_PREFETCH(&C[" in c_path.read_text()
+    # vectors: blocks of rows along the columns; generic: each iteration whole rows
+    assert ("BLACC_PREFETCH(&" in c_path.read_text()) == (target != "generic")
 
 
 def test_prefetches_sit_beside_their_stores():
