@@ -929,24 +929,34 @@ def _crossing_stores(body: tuple[k.Stmt, ...], scratch: frozenset[str]) -> int:
                 base, coefficients = affine
                 size = itemsize(s.value.dtype)
                 width = s.value.lanes * size
-                last = base
-                # how many of the store's executions start at each byte offset in a line
-                offsets = {base * size % CACHE_LINE: 1}
-                for (_, values), c in zip(loops, coefficients, strict=True):
-                    step = c * values.step * size
-                    last += max(c, 0) * (values[-1] - values[0])
-                    spread: dict[int, int] = {}
-                    for offset, count in offsets.items():
-                        for t in range(len(values)):
-                            o = (offset + t * step) % CACHE_LINE
-                            spread[o] = spread.get(o, 0) + count
-                    offsets = spread
+                last = base + sum(max(c, 0) * (values[-1] - values[0])
+                                  for (_, values), c in zip(loops, coefficients, strict=True))
                 sizes[s.buf] = max(sizes.get(s.buf, 0), last * size + width)
-                if s.count is None:
-                    crossing += sum(c for o, c in offsets.items() if o + width > CACHE_LINE)
+                # one element, aligned to its size, never crosses: the spread below took
+                # most of the model's time for the generic target's large kernels
+                if s.count is None and s.value.lanes > 1:
+                    crossing += _crossing_executions(base * size, coefficients, loops, size,
+                                                     width)
 
     visit(body, ())
     return crossing if sum(sizes.values()) > L1_BYTES else 0
+
+
+def _crossing_executions(start: int, coefficients: tuple[int, ...],
+                         loops: tuple[tuple[str, range], ...], size: int, width: int) -> int:
+    """How many executions of a store of ``width`` bytes, at byte ``start`` plus the
+    loops' counters times ``coefficients`` elements of ``size`` bytes, cross a line."""
+    # how many of the store's executions start at each byte offset in a line
+    offsets = {start % CACHE_LINE: 1}
+    for (_, values), c in zip(loops, coefficients, strict=True):
+        step = c * values.step * size
+        spread: dict[int, int] = {}
+        for offset, count in offsets.items():
+            for t in range(len(values)):
+                o = (offset + t * step) % CACHE_LINE
+                spread[o] = spread.get(o, 0) + count
+        offsets = spread
+    return sum(c for o, c in offsets.items() if o + width > CACHE_LINE)
 
 
 def _masked_into_inout(body: tuple[k.Stmt, ...], isa: Isa) -> bool:
