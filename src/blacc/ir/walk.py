@@ -19,7 +19,7 @@ _SCALAR_FIELDS = frozenset({"str", "int", "bool", "float", "int | float", "int |
 
 #: ``_field_names`` per class, filled as classes are met: a plain dict lookup, since the
 #: cost model and the passes walk millions of nodes (through ``functools.cache`` and a
-#: callback per node, ``nodes_of`` took 1.2-1.4x as long).
+#: callback per node, ``nodes_of`` took 1.2-1.5x as long).
 _FIELDS: dict[type, tuple[str, ...] | None] = {}
 
 
