@@ -558,6 +558,27 @@ def test_isa_choice_counts_avx512_broadcasts_read_by_their_fma(monkeypatch):
     assert within.loads == between.loads and saved >= 32 and saved == int(saved)
 
 
+def test_isa_choice_counts_a_repeated_broadcast_once(monkeypatch):
+    """alpha = x'*A*y, A 4 x 24 f32: AVX2's kernel writes the broadcasts of x[0..3] once
+    for each of its three column vectors, and gcc emits four. The choice between ISAs
+    counts them as emitted, 4 loads rather than 12 (ranking within an ISA keeps the
+    count it was fitted with), and on Zen 4 'host' takes AVX2: 3.7 ns a call against
+    AVX-512's 5.4 (Eigen's 3.7)."""
+    from blacc.blacs import plan
+
+    monkeypatch.delenv("BLACC_ISA", raising=False)
+    decls = dict(x=blacc.Vector(4, "f32"), A=blacc.Matrix(4, 24, "f32"),
+                 y=blacc.Vector(24, "f32"), alpha=blacc.Scalar("f32"))
+    p = plan("alpha = x'*A*y", target="avx2", **decls)
+    assert p.source.count("_mm256_broadcast_ss(") == 12
+    body = p.module.function(p.module.entry).body
+    within = small._cycles(body, AVX2).issue
+    between = small._cycles(body, AVX2, single=small._single_broadcasts(body)).issue
+    assert within.loads - between.loads == 8
+    zen4 = _avx512_host(monkeypatch, vendor="AuthenticAMD", family=25)
+    assert zen4.plan("alpha = x'*A*y", **decls).isa is AVX2
+
+
 def test_temporaries_read_back_an_element_at_a_time_pay_the_round_trip():
     """C = alpha*(A0 + A1)'*B + beta*C, 4 x 4 x 4 f32: the form that stores A0 + A1 in a
     temporary and broadcasts its elements back waits on each store (5.97 ns on Zen 5
