@@ -1520,7 +1520,7 @@ def candidates(program: ix.Program, op: ix.Op, isa: Isa | None = None) -> list[O
         if v in extent and extent[v] == 1:
             continue  # lanes on a unit dimension: the scalar schedule under another name
         lanes = isa.lanes(program.dtype) if isa is not None and v is not None else 1
-        if v is not None and v not in extent and lanes == 1:
+        if isa is not None and v is not None and v not in extent and lanes == 1:
             continue  # a sum on one lane: the scalar schedule again (the generic target)
         if v in extent:  # rows x vector chunks of the other output dimension
             u = op.dims[1] if v == op.dims[0] else op.dims[0]
