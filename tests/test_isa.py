@@ -753,3 +753,52 @@ def test_rows_of_b_reloaded_where_hoisted_broadcasts_fill_the_registers():
     assert "BLACC_BARRIER();" in source(48, "f32")
     assert "BLACC_BARRIER();" in source(24, "f64")
     assert "BLACC_BARRIER();" not in source(64, "f32")
+
+
+def test_zen4_charges_broadcasts_hoisted_out_of_loops_gcc_unrolls():
+    """Zen 4 with AVX-512: broadcasts hoisted out of a short loop that gcc unrolls
+    completely stay live across its copies and spill (``HOISTED_FREE``). C = A*B
+    80 x 4 x 80 f32 in blocks of 6 rows x 1 vector hoists 24 broadcasts out of a 5-trip
+    loop and ran 1.07x the time of blocks of 2 or 3 rows; the model ranked it first
+    without the charge. A 12-trip loop (100 x 4 x 100 f64) stays a loop: nothing is
+    charged, nor broadcasts hoisted to the top of the kernel (C = A*B 4 x 4 x 80 f64 in
+    blocks of 4 rows: 16, once a call). Other cores are not charged."""
+    from blacc.transform.blac import OpSchedule, build_module
+    from blacc.transform.index_notation import arg_specs, forms
+
+    zen4 = replace(_machine(*AVX512_FLAGS), vendor="AuthenticAMD", family=25)
+    zen3 = replace(_machine("avx2", "fma"), vendor="AuthenticAMD", family=25)
+    zen5 = replace(zen4, family=26)
+    intel = replace(_machine(*AVX512_FLAGS), vendor="GenuineIntel", family=6)
+    core = small.core_for(zen4, AVX512)
+    assert core.hoisted_splat > 0
+    assert small.core_for(intel, AVX512).hoisted_splat == 0
+    assert small.core_for(zen4, AVX2).hoisted_splat == 0
+    assert small.core_for(zen3, AVX2).hoisted_splat == 0
+    assert small.core_for(zen5, AVX512).hoisted_splat == 0  # 512-bit pipes
+
+    def module(n: int, dtype: str, rows: int, m: int | None = None):
+        m = n if m is None else m
+        decls = {"A": blacc.Matrix(m, 4, dtype), "B": blacc.Matrix(4, n, dtype),
+                 "C": blacc.Matrix(m, n, dtype)}
+        typed = blacc.blacs._typed("C = A*B", decls)
+        form, specs = forms(typed)[0], arg_specs(typed)
+        sched = OpSchedule(vector="j", block=(rows, 1), unroll=16)
+        return form, sched, build_module(form, specs, (sched,), AVX512, "k")
+
+    def cost(n: int, dtype: str, rows: int, c=core) -> float:
+        form, sched, m = module(n, dtype, rows)
+        return small.model_cost(m, small._registers(form, form.ops[0], sched, m, AVX512),
+                                AVX512, core=c)
+
+    six = module(80, "f32", 6)[2]
+    assert small._unrolled_hoists(six.function(six.entry).body, AVX512) == 24
+    wide = module(100, "f64", 6)[2]
+    assert small._unrolled_hoists(wide.function(wide.entry).body, AVX512) == 0
+    once = module(80, "f64", 4, m=4)[2]
+    assert small._unrolled_hoists(once.function(once.entry).body, AVX512) == 0
+    assert small._unrolled_hoists(once.function(once.entry).body, AVX512, nested=True) == 16
+    uncharged = replace(core, hoisted_splat=0.0)
+    assert cost(80, "f32", 6, uncharged) < cost(80, "f32", 3, uncharged)
+    assert cost(80, "f32", 6) > cost(80, "f32", 3) > cost(80, "f32", 3, uncharged)
+    assert cost(80, "f32", 2) == cost(80, "f32", 2, uncharged)
