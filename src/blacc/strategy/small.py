@@ -127,7 +127,8 @@ class Core:
     #: with shared splats either way (``options``)
     shared_splats: bool = True
     #: the share of a kernel's time each broadcast beyond ``HOISTED_FREE`` costs when it
-    #: is hoisted out of a short loop the C compiler unrolls (``_unrolled_hoists``)
+    #: is hoisted out of a short loop, inside another, that the C compiler unrolls
+    #: (``_unrolled_hoists``)
     hoisted_splat: float = 0.0
 
 
@@ -701,14 +702,15 @@ def _cycles(body: tuple[k.Stmt, ...], isa: Isa, loop: str | None = None,
 
 
 #: Broadcasts hoisted out of a short loop over a block's vectors (each element of A for
-#: C = A*B n x 4 x n, the loop along C's rows) that cost nothing beyond the model's
-#: count; each one more costs ``Core.hoisted_splat`` of the kernel's time. gcc unrolls
-#: such a loop completely (``PEELED_TRIPS``, ``PEELED_INSNS``) and interleaves the
-#: copies' loads with the broadcasts it keeps live across all of them, and spills. On
-#: Zen 4 with AVX-512 (each candidate timed, ``benchmarks/lgen/README.md``, "Broadcasts
-#: hoisted out of unrolled loops"), blocks of 6 rows (24 broadcasts) ran 1.07-1.14x the
-#: fastest candidate's time at n = 32-80 (1.01x at 100 f64, whose 12-trip loop stays a
-#: loop), 4 rows (16) 1.02-1.09x, 3 rows (12) 1.00-1.02x, 2 rows (8) 1.00-1.02x.
+#: C = A*B n x 4 x n, the loop along C's rows, inside the loop over blocks of rows) that
+#: cost nothing beyond the model's count; each one more costs ``Core.hoisted_splat`` of
+#: the kernel's time. gcc unrolls such a loop completely (``PEELED_TRIPS``,
+#: ``PEELED_INSNS``) and interleaves the copies' loads with the broadcasts it keeps live
+#: across all of them, and spills. On Zen 4 with AVX-512 (each candidate timed,
+#: ``benchmarks/lgen/README.md``, "Broadcasts hoisted out of unrolled loops"), blocks of
+#: 6 rows (24 broadcasts) ran 1.07-1.14x the fastest candidate's time at n = 32-80
+#: (1.01x at 100 f64, whose 12-trip loop stays a loop), 4 rows (16) 1.02-1.09x, 3 rows
+#: (12) 1.00-1.02x, 2 rows (8) 1.00-1.02x.
 HOISTED_FREE = 8
 #: ``Core.hoisted_splat`` where 512-bit vectors run over a narrower datapath (Zen 4)
 WIDE_HOISTED_SPLAT = 0.005
