@@ -3,8 +3,8 @@
 
 * a loop that stores into several rows of an output larger than L1 gets one write
   prefetch per row, ahead of its store and clamped to the operand;
-* outputs that fit L1, outputs the kernel also reads, and a single stream of stores get
-  none;
+* outputs that fit L1, outputs the kernel also reads, a single stream of stores and
+  scalar stores get none;
 * kernels with prefetches agree with NumPy through the interpreter, and emitted as C
   (strict flags) and run, with every prefetch address inside its operand: planned ones,
   and where a plan takes whole rows per step (one stream, no prefetches), the same
@@ -48,18 +48,20 @@ def _intel_host(monkeypatch):
     _host_of(monkeypatch, "GenuineIntel")
 
 
-def _rows_kernel(n: int, rows: int, *, read_c: bool = False) -> tuple[k.Stmt, ...]:
+def _rows_kernel(n: int, rows: int, *, read_c: bool = False,
+                 lanes: int = 4) -> tuple[k.Stmt, ...]:
     """C (n x n f64, row-major) = a broadcast times B's rows, ``rows`` rows of C per
-    block: for i (step rows): for j (step 4): one 4-lane store into each of the rows."""
+    block: for i (step rows): for j (step ``lanes``): one store of ``lanes`` elements
+    into each of the rows."""
     i, j = k.Var("i", "i64"), k.Var("j", "i64")
     body: list[k.Stmt] = []
     for r in range(rows):
         row = k.add(k.mul(k.add(i, k.Const(r)), k.Const(n)), j)
-        value: k.Expr = k.Load("B", j, "f64", 4)
+        value: k.Expr = k.Load("B", j, "f64", lanes)
         if read_c:
-            value = k.Bin("+", value, k.Load("C", row, "f64", 4))
+            value = k.Bin("+", value, k.Load("C", row, "f64", lanes))
         body.append(k.Store("C", row, value))
-    inner = k.For(j, k.Const(0), k.Const(n), 4, tuple(body))
+    inner = k.For(j, k.Const(0), k.Const(n), lanes, tuple(body))
     return (k.For(i, k.Const(0), k.Const(n), rows, (inner,)),)
 
 
@@ -114,6 +116,14 @@ def test_outputs_also_read_are_left_alone():
     assert prefetch_stores(body, {"B": 100, "C": 100 * 100}) == body
 
 
+def test_interleaved_scalar_stores_are_left_alone():
+    """Plain C's rows of scalar stores would take a prefetch per element: the generic
+    target's C = A*B 80 x 4 x 80 f64 ran 2x as fast without (gcc -O2), 4.4x with -O3
+    -march=native, which vectorizes the loop."""
+    body = _rows_kernel(100, rows=4, lanes=1)
+    assert prefetch_stores(body, {"B": 100, "C": 100 * 100}) == body
+
+
 def test_a_single_stream_of_stores_is_left_alone():
     body = _rows_kernel(100, rows=1)  # row after row: the hardware prefetches it
     assert prefetch_stores(body, {"B": 100, "C": 100 * 100}) == body
@@ -154,8 +164,8 @@ def _interleaving(p: Plan) -> Plan:
         p.indexed, p.specs, schedule, p.isa, p.module.entry))
 
 
-# The generic target's kernels of these (each iteration whole rows, no prefetches) are
-# emitted and run below: planning them takes 15-50 s each, interpreting them as long again.
+# The generic target's kernels of these (scalar stores, no prefetches) are emitted and run
+# below.
 @pytest.mark.parametrize("target", ["avx2", "avx512"])
 @pytest.mark.parametrize(("source", "decls", "dtype"), DECLS)
 def test_kernels_with_prefetches_agree_with_numpy(source, decls, dtype, target):
@@ -180,7 +190,7 @@ def test_emitted_kernels_with_prefetches_compile_strictly_and_run(tmp_path, sour
         c_path, _ = write_standalone(p, tmp_path / "blocks")
         run_emitted(c_path, p, decls, dtype, target, p.module.entry, misalign=True,
                     context=f"{source} {p.schedule}")
-    # vectors: blocks of rows along the columns; generic: each iteration whole rows
+    # vectors: blocks of rows along the columns; generic: scalar stores, never prefetched
     if target != "generic":
         assert "BLACC_PREFETCH(&C[" in c_path.read_text()
     else:

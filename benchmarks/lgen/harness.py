@@ -825,19 +825,20 @@ def parse_blacc_header(text: str) -> tuple[str, list[str], list[str]]:
     return m.group(1), params, flags
 
 
-def emit_blacc(case: Case, directory: Path, fingerprint: str, search: str = "model"
-               ) -> tuple[str, list[str], list[str]]:
+def emit_blacc(case: Case, directory: Path, fingerprint: str, search: str = "model",
+               target: str = "host") -> tuple[str, list[str], list[str]]:
     """Write bl_<cid>.c/.h with blacc.emit (reused when the key file matches)."""
     import blacc
 
     stem = directory / f"bl_{case.cid}"
     key = json.dumps({"program": case.program, "dims": case.dims, "dtype": case.dtype,
-                      "blacc": fingerprint} | ({"search": search} if search != "model" else {}))
+                      "blacc": fingerprint} | ({"search": search} if search != "model" else {})
+                     | ({"target": target} if target != "host" else {}))
     key_path = stem.with_suffix(".key")
     h_path, c_path = stem.with_suffix(".h"), stem.with_suffix(".c")
     if not (key_path.exists() and key_path.read_text() == key and h_path.exists()
             and c_path.exists()):
-        blacc.emit(case.program, stem, name=f"bl_{case.cid}", target="host", search=search,
+        blacc.emit(case.program, stem, name=f"bl_{case.cid}", target=target, search=search,
                    **_decls(case))
         key_path.write_text(key)
     return parse_blacc_header(h_path.read_text())
@@ -847,10 +848,10 @@ def _emit_worker(args):
     """(case id, emit_blacc's result or None, error or None, seconds)."""
     import time
 
-    case, directory, fingerprint, search = args
+    case, directory, fingerprint, search, target = args
     t0 = time.process_time()
     try:
-        return (case.cid, emit_blacc(case, Path(directory), fingerprint, search), None,
+        return (case.cid, emit_blacc(case, Path(directory), fingerprint, search, target), None,
                 time.process_time() - t0)
     except Exception as e:  # noqa: BLE001 - reported, the case runs without blacc
         return case.cid, None, f"{type(e).__name__}: {e}", time.process_time() - t0
@@ -982,7 +983,7 @@ def build_series(name: str, cases: list[Case], impls: Sequence[str], tc: Toolcha
         for c in cases:
             res = results.get(c.cid)
             if res is None and blacc_results is None:  # else emitting failed: reported
-                _, res, err, _ = _emit_worker((c, str(d), fp, "model"))
+                _, res, err, _ = _emit_worker((c, str(d), fp, "model", "host"))
                 if err:
                     log(f"  blacc could not compile {c.cid}: {err}")
             if res is None:

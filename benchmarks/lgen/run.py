@@ -72,6 +72,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--search", choices=("model", "exhaustive", "random"), default="model",
                     help="blacc.emit's schedule search (the measuring ones time candidate "
                          "kernels here, so blacc's kernels are then emitted one at a time)")
+    ap.add_argument("--target", choices=("host", "avx512", "avx2", "generic"), default="host",
+                    help="blacc.emit's target: this machine's ISAs (default), one of them, "
+                         "or plain C99 without intrinsics")
     ap.add_argument("--no-plots", action="store_true")
     ap.add_argument("--list", action="store_true", help="list the selected cases and exit")
     ap.add_argument("--report", type=Path, metavar="RESULTS_JSON",
@@ -211,8 +214,10 @@ def markdown(summary: list[dict], aims: dict, info: dict, config: dict,
              + "; GFLOPS from the "
              "median time per call, f/c = GFLOPS / clock. Every implementation was verified "
              "against float64 loops before timing. blacc's schedules: "
-             + ("its cost model (the default)." if config.get("search", "model") == "model"
-                else f"search={config['search']!r}, candidates timed in a C loop."), ""]
+             + ("its cost model (the default)" if config.get("search", "model") == "model"
+                else f"search={config['search']!r}, candidates timed in a C loop")
+             + (f", target {config['target']!r}." if config.get("target", "host") != "host"
+                else "."), ""]
     for dtype in ("f32", "f64"):
         for group, title in h.GROUPS.items():
             recs = [s for s in summary if s["dtype"] == dtype and s["group"] == group]
@@ -419,11 +424,12 @@ def main(argv=None) -> int:
     t0 = time.time()
     if "blacc" in impls:
         fp = h.blacc_fingerprint()
-        work = [(c, str(build / name), fp, args.search) for name, cs in groups.items()
-                for c in cs]
+        work = [(c, str(build / name), fp, args.search, args.target)
+                for name, cs in groups.items() for c in cs]
         for name in groups:
             (build / name).mkdir(parents=True, exist_ok=True)
-        log(f"emitting {len(work)} blacc kernels (search: {args.search}) ...")
+        log(f"emitting {len(work)} blacc kernels (search: {args.search}, "
+            f"target: {args.target}) ...")
         # a measuring search times kernels: nothing else may run beside it
         jobs = max(1, min(args.jobs if args.search == "model" else 1, len(work)))
         pool = ProcessPoolExecutor(jobs) if jobs > 1 else None
@@ -476,7 +482,7 @@ def main(argv=None) -> int:
     config = {"quick": args.quick, "dtypes": dtypes, "cases": args.cases, "impls": impls,
               "target_ms": args.target_ms, "rounds": rounds, "clock": args.clock,
               "processes": args.processes, "search": args.search,
-              "placement": args.placement}
+              "target": args.target, "placement": args.placement}
     (out / "results.json").write_text(json.dumps(
         {"machine": info, "config": config, "summary": summary, "aims": aims,
          "blacc_emit_cpu_s": emit_cpu, "rows": rows},
