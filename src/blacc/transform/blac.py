@@ -930,9 +930,9 @@ def _lower_op(gen: _Gen, program: ix.Program, op: ix.Op, sched: OpSchedule, isa:
                 raise ScheduleError(f"rows held in {held} have no tail to mask")
             _check_pairs(program, isa, extent[v], st, op.dims.index(v), per)
             _blocks_along(extent[u], bu, sched.unroll, k.Var(f"{prefix}{u}"),
-                        lambda u0, un, body: _pair_block(gen, op, st, u, v, u0, un, body,
-                                                         per),
-                        stmts)
+                          lambda u0, un, body: _pair_block(gen, op, st, u, v, u0, un, body,
+                                                           per),
+                          stmts)
             return stmts
 
         lanes = vchunks[0].width
@@ -1064,7 +1064,7 @@ def _tail_sums(gen: _Gen, st: _Storage, u: str, v: str, extent: dict[str, int],
 
     stmts: list[k.Stmt] = []
     _blocks_along(extent[u], sched.block[0], sched.unroll, k.Var(f"{gen.prefix}{u}"), rows,
-                stmts)
+                  stmts)
     return stmts
 
 

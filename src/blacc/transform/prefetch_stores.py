@@ -17,8 +17,8 @@ rows 4.0-4.3 -> 2.1-3.0 us by hand; in LGen's harness 0.58x -> 0.64x the loops),
 never a loss.
 
 ``prefetch_stores`` adds those prefetches to innermost loops whose vector stores into
-such outputs form two or more streams (runs of stores less than a step's advance apart). The
-address is clamped to the operand, so that the hint never names memory beyond it. The
+such outputs form two or more streams (runs of stores less than a step's advance apart).
+The address is clamped to the operand, so that the hint never names memory beyond it. The
 prefetch is ``__builtin_prefetch(p, 1, 3)``: ``prefetchw`` where the compiler's flags
 allow it (``-march=native``), else ``prefetcht0`` (1.05x slower in the measures above,
 still 1.5x as fast as no prefetch).
