@@ -554,6 +554,21 @@ def test_generic_candidates_put_no_sum_on_its_one_lane():
         assert scalar == on_sum
 
 
+def test_generic_options_model_each_kernel_once():
+    """On the generic target lanes along a row are one wide: such a schedule builds the
+    kernel of the scalar schedule with its block, which the model has costed already and
+    would rank just after it. ``options`` keeps one of them."""
+    from blacc.target.isa import GENERIC
+
+    p = plan("C = A*B", target="generic", A=blacc.Matrix(7, 5, "f64"),
+             B=blacc.Matrix(5, 23, "f64"), C=blacc.Matrix(7, 23, "f64"))
+    (per_op,) = options(p.indexed, p.specs, GENERIC, keep=1000)
+    kernels = [build_module(p.indexed, p.specs, (s,), GENERIC, "k") for _, s in per_op]
+    assert len(set(kernels)) == len(kernels) >= 20
+    # each the scalar schedule of its block, which comes first
+    assert all(s.vector is None for _, s in per_op)
+
+
 @pytest.mark.parametrize("dtype", ["f32", "f64"])
 def test_scalar_code_loops_over_the_blocks_of_a_long_row(dtype):
     """Scalar schedules (all of the generic target's) loop over blocks along a row as

@@ -1220,6 +1220,8 @@ def options(program: ix.Program, specs: tuple[ArgSpec, ...], isa: Isa,
     for op in program.ops:
         single = ix.Program(program.operands, (op,), program.dtype)
         found: list[tuple[float, OpSchedule]] = []
+        built: set[k.Module] = set()  # kernels modelled, where they may repeat
+        one_lane = isa.lanes(program.dtype) == 1
         cands = sorted(candidates(program, op, isa),
                        key=lambda s: _lower_bound(program, op, s, isa))
         for sched in cands:
@@ -1229,6 +1231,13 @@ def options(program: ix.Program, specs: tuple[ArgSpec, ...], isa: Isa,
                 module = build_module(single, specs, (sched,), isa, "probe")
             except ScheduleError:
                 continue
+            if one_lane:
+                # on the generic target lanes along a row are one wide: such a schedule
+                # is a scalar one again, modelled already, which it would rank just
+                # after (C = alpha*(A0 + A1)'*B + beta*C 16 x 4 x 16 f64: 29 of its 58)
+                if module in built:
+                    continue
+                built.add(module)
             need = _registers(single, op, sched, module, isa)
             found.append((model_cost(module, need, isa, core=core), sched))
             found.sort(key=lambda o: o[0])
