@@ -185,7 +185,9 @@ def _model_prices_the_host_with_its_constants(monkeypatch):
     (AMD's cores); on an Intel host it would price them with Intel's pipes and rule
     (``strategy.small.core_for``, ``wider_gain``), and a pinned pick would depend on the
     machine the suite runs on. So the host is priced with the constants; a test that
-    pretends a machine of its own (``blacs.host_target`` replaced) gets that machine's."""
+    pretends a machine of its own (``blacs.host_target`` replaced) gets that machine's.
+    Likewise the host's kernels are built without the straight-line rows of the one core
+    that gets them (``Machine.straight_rows_near_l1``)."""
     from blacc import blacs
     from blacc.runtime.gemm import host_target
     from blacc.strategy import small
@@ -195,3 +197,12 @@ def _model_prices_the_host_with_its_constants(monkeypatch):
                         if machine is host else small.core_for(machine, isa))
     monkeypatch.setattr(blacs, "wider_gain", lambda machine: small.WIDER_GAIN
                         if machine is host else small.wider_gain(machine))
+    build_flags = blacs._build_flags
+
+    def host_flags(core: small.Core) -> dict[str, bool]:
+        flags = build_flags(core)
+        if blacs.host_target().machine is host:
+            flags["straight_near_l1"] = False
+        return flags
+
+    monkeypatch.setattr(blacs, "_build_flags", host_flags)

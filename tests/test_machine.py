@@ -25,6 +25,7 @@ X86_CPUINFO = """\
 processor\t: 0
 vendor_id\t: GenuineIntel
 cpu family\t: 6
+model\t\t: 158
 model name\t: Intel(R) Core(TM) i7-8700 CPU @ 3.20GHz
 cpu MHz\t\t: 800.123
 flags\t\t: fpu sse sse2 ssse3 sse4_1 sse4_2 avx avx2 fma f16c
@@ -104,9 +105,10 @@ def test_parse_cpuinfo_x86() -> None:
     assert {"avx2", "fma", "sse4_2"} <= info.features
     assert "avx512f" not in info.features
     assert info.mhz == pytest.approx(3200.0)  # nominal from the name, not the current 800 MHz
-    assert info.vendor == "GenuineIntel" and info.family == 6
-    intel = Machine("x", "x86_64", vendor=info.vendor, family=info.family)
+    assert info.vendor == "GenuineIntel" and info.family == 6 and info.model == 158
+    intel = Machine("x", "x86_64", vendor=info.vendor, family=info.family, model=info.model)
     assert intel.vector_datapath == 0 and intel.prefetches_store_streams
+    assert not intel.straight_rows_near_l1  # measured on CPU model 167 only
 
 
 def test_parse_cpuinfo_mhz_fallback() -> None:

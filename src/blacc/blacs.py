@@ -207,8 +207,7 @@ def _search_pool(candidates: tuple[ix.Program, ...], specs: tuple[ArgSpec, ...],
     for _, form, schedule in ranked:
         try:
             module = build_module(form, specs, schedule, isa, name,
-                                  write_prefetches=_write_prefetches(),
-                                  shared_splats=core.shared_splats)
+                                  **_build_flags(core))
         except ScheduleError:  # each operation's schedule builds, but not this combination
             continue
         module = split_short_updates(module, form, schedule, isa, core)
@@ -218,10 +217,15 @@ def _search_pool(candidates: tuple[ix.Program, ...], specs: tuple[ArgSpec, ...],
     return list(pool.values())
 
 
-def _write_prefetches() -> bool:
-    """Whether this machine's kernels prefetch large outputs ahead of interleaved stores
-    (``Machine.prefetches_store_streams``)."""
-    return host_target().machine.prefetches_store_streams
+def _build_flags(core: Core) -> dict[str, bool]:
+    """``build_module``'s choices that follow this machine: write prefetches ahead of
+    interleaved stores (``Machine.prefetches_store_streams``), straight-line rows near
+    L1 (``Machine.straight_rows_near_l1``) and splats shared between widths
+    (``Core.shared_splats``)."""
+    machine = host_target().machine
+    return {"write_prefetches": machine.prefetches_store_streams,
+            "straight_near_l1": machine.straight_rows_near_l1,
+            "shared_splats": core.shared_splats}
 
 
 def _core(isa: Isa) -> Core:
@@ -272,8 +276,7 @@ def _model_plan(typed: TypedProgram, specs: tuple[ArgSpec, ...], isa: Isa,
             return False
         try:
             built[choice] = build_module(program, specs, schedule, isa, name,
-                                         write_prefetches=_write_prefetches(),
-                                         shared_splats=core.shared_splats)
+                                         **_build_flags(core))
         except ScheduleError:
             return False
         return True
@@ -283,8 +286,7 @@ def _model_plan(typed: TypedProgram, specs: tuple[ArgSpec, ...], isa: Isa,
     form, schedule = choice = remembered(parts, decide, fits)
     indexed = candidates[form]
     module = built.get(choice) or build_module(indexed, specs, schedule, isa, name,
-                                                write_prefetches=_write_prefetches(),
-                                                shared_splats=core.shared_splats)
+                                                **_build_flags(core))
     return Plan(typed, indexed, specs, schedule, module, isa)
 
 

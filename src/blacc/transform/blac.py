@@ -86,7 +86,7 @@ from ..runtime.signature import ARRAY, ArgSpec
 from ..target.isa import Isa
 from .flat import flat_applies, lower_flat
 from .past_end import mark_past_end
-from .prefetch_stores import prefetch_stores
+from .prefetch_stores import L1_BYTES, prefetch_stores
 from .share_loads import share_masked_loads
 from .stores_as_ready import stores_as_ready
 from .sum_lanes import batch_row_sums, index_offset
@@ -284,9 +284,13 @@ class _Gen:
 
     def __init__(self, program: ix.Program, op: ix.Op, sched: OpSchedule, isa: Isa,
                  store: dict[str, _Storage], prefix: str,
-                 gathered_without: str | None = None, shared_splats: bool = True) -> None:
+                 gathered_without: str | None = None, shared_splats: bool = True,
+                 straight_rows: bool = False) -> None:
         self.p, self.op, self.s, self.isa, self.store = program, op, sched, isa, store
         self.share_splats = shared_splats  # ``build_module``'s
+        #: a block of rows writes its vectors in straight-line code, never in a loop along
+        #: the row (``writes_near_l1``)
+        self.straight_rows = straight_rows
         self.dt = program.dtype
         self.prefix = prefix
         self.n = 0
@@ -876,13 +880,15 @@ def _positions(extent: int, step: int) -> Iterator[tuple[int, int]]:
 
 
 def lower_op(program: ix.Program, op: ix.Op, sched: OpSchedule, isa: Isa,
-             store: dict[str, _Storage], prefix: str, shared_splats: bool = True
-             ) -> list[k.Stmt]:
-    """Statements computing one operation (``shared_splats``: as for ``build_module``)."""
+             store: dict[str, _Storage], prefix: str, shared_splats: bool = True,
+             straight_rows: bool = False) -> list[k.Stmt]:
+    """Statements computing one operation (``shared_splats``: as for ``build_module``;
+    ``straight_rows``: blocks of rows in straight-line code, see ``writes_near_l1``)."""
     if sched.folds and (sched.pairs or sched.quads or sched.one_tail or sched.tail_sums):
         raise ScheduleError("terms folded into the parts of vectors take the whole vector; "
                             "it holds no rows, masked tail or columns summed on lanes")
-    gen = _Gen(program, op, sched, isa, store, prefix, shared_splats=shared_splats)
+    gen = _Gen(program, op, sched, isa, store, prefix, shared_splats=shared_splats,
+               straight_rows=straight_rows)
     if sched.flat:
         if sched != OpSchedule(sched.vector, flat=True):
             raise ScheduleError("a flat output has no blocks, rows per vector, tails or "
@@ -976,7 +982,7 @@ def _lower_op(gen: _Gen, program: ix.Program, op: ix.Op, sched: OpSchedule, isa:
             tail: list[k.Stmt] = []  # the vectors after the looped groups
             for c0 in range(looped * bv, len(vchunks), bv):
                 group(u0, un, vchunks[c0:c0 + bv], tail, straight)
-            if looped:
+            if looped and not gen.straight_rows:
                 spare = isa.registers - block_registers(un, bv, chains)
                 hoisted = _hoist_broadcasts(gen, inner, var, spare, tail)
             if hoisted is not None:
@@ -1458,6 +1464,31 @@ def _reload_per_iteration(loop: k.For, spare: int, registers: int) -> k.For:
     return replace(loop, body=(k.Barrier(), *loop.body))
 
 
+#: The band, in multiples of ``L1_BYTES``, of a call's operands in which an output only
+#: written goes out in straight-line rows (``Machine.straight_rows_near_l1``). On a Xeon
+#: (CPU model 167; LGen's harness, C = A*B n x 4 x n, a block's vectors in a loop with
+#: A's broadcasts hoisted out of it against straight-line code, the same blocks; x
+#: LIBXSMM): f32 n = 100, 104, 112 (0.88, 0.95, 1.09 L1) 0.88-0.94 -> 1.03-1.05x, f64
+#: 76, 80 (1.04, 1.15) 0.90-0.95 -> 1.02-1.29x. Below the band the loop is as fast or
+#: faster (f32 96, 0.82 L1: 1.12 -> 0.93x), above it the loop with write prefetches
+#: (f64 84, 1.26: 1.29x against 1.02x; f32 120: 1.27 against 1.07). An output also
+#: read (C = alpha*A*B + beta*C) ran the same either way.
+NEAR_L1 = (0.85, 1.2)
+
+
+def writes_near_l1(program: ix.Program, op: ix.Op) -> bool:
+    """Whether ``op`` writes an output that no operation reads while the program's
+    operands about fill L1 (``NEAR_L1``): there a block of rows is faster in
+    straight-line code than in a loop along its rows."""
+    out = program.operand(op.out)
+    if out.temporary or any(r.operand == op.out for o in program.ops
+                            for r in ix.reads(o.body)):
+        return False
+    footprint = sum(o.rows * o.cols for o in program.operands) * itemsize(program.dtype)
+    low, high = NEAR_L1
+    return low * L1_BYTES < footprint <= high * L1_BYTES
+
+
 def _blocks_along(extent: int, bu: int, unroll: int, var: k.Var,
                   block: Callable[[k.Expr, int, list[k.Stmt]], None],
                   stmts: list[k.Stmt]) -> None:
@@ -1751,10 +1782,14 @@ SPLATS_FROM_MEMORY = 8
 
 def build_module(program: ix.Program, specs: tuple[ArgSpec, ...],
                  schedule: tuple[OpSchedule, ...], isa: Isa, name: str, *,
-                 write_prefetches: bool = True, shared_splats: bool = True) -> k.Module:
+                 write_prefetches: bool = True, shared_splats: bool = True,
+                 straight_near_l1: bool = False) -> k.Module:
     """The whole program as one exported function; temporaries are local arrays.
     ``write_prefetches``: whether interleaved stores into large outputs get write
     prefetches ahead of them (``prefetch_stores``, ``Machine.prefetches_store_streams``).
+    ``straight_near_l1``: whether outputs only written by operands that about fill L1
+    are written in straight-line rows (``writes_near_l1``,
+    ``Machine.straight_rows_near_l1``).
     ``shared_splats``: whether a scalar splat at several widths is splatted once, at the
     widest (``_Gen.shared_splats``; ``strategy.small.Core.shared_splats``)."""
     if len(schedule) != len(program.ops):
@@ -1764,9 +1799,11 @@ def build_module(program: ix.Program, specs: tuple[ArgSpec, ...],
                           for o in program.operands if o.temporary]
     parts: list[tuple[k.Stmt, ...]] = []
     for n, (op, sched) in enumerate(zip(program.ops, schedule, strict=True)):
+        straight = straight_near_l1 and writes_near_l1(program, op)
         lowered = batch_row_sums(tuple(lower_op(program, op, sched, isa, store,
                                                 prefix=f"s{n}_",
-                                                shared_splats=shared_splats)), isa)
+                                                shared_splats=shared_splats,
+                                                straight_rows=straight)), isa)
         if sched.quads and any(r.x.lanes not in isa.widths(program.dtype)
                                for r in nodes_of(lowered, k.Reduce)):
             raise ScheduleError("rows held four per vector must be summed a vector's "
