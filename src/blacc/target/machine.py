@@ -90,11 +90,12 @@ class Machine:
 
     @property
     def straight_rows_near_l1(self) -> bool:
-        """Whether a block of rows writes an output it only writes in straight-line code,
-        not in a loop along its rows, where the call's operands about fill L1
-        (``transform.blac.NEAR_L1``). On a Xeon of CPU model 167 (LGen's harness, C = A*B
-        n x 4 x n, nine sizes, two dtypes) that ran 1.1-1.35x as fast there, and
-        0.8-0.95x below and above that band. Measured on that core only."""
+        """Whether blocks of rows store into an output that is only written in
+        straight-line code, not in a loop along the row, where the call's operands about
+        fill L1 (``transform.blac.NEAR_L1``). On a Xeon of CPU model 167 (LGen's harness,
+        C = A*B n x 4 x n, 13 sizes, both dtypes) the planned kernels in that band ran
+        1.00-1.43x as fast so; below and above it straight-line code ran 0.7-0.9x as fast
+        as the loop. Measured on that core only."""
         return self.vendor == "GenuineIntel" and self.family == 6 and self.model == 167
 
     def cache(self, level: int) -> CacheLevel | None:
