@@ -133,7 +133,7 @@ def test_zip_templates_compiled_by_gcc_and_llvm(tmp_path, isa, dtype, lanes):
         jit_lib.address("f"))
     for fn in (c_fn, llvm_fn):
         out = np.zeros(4 * lanes, NP[dtype])
-        assert fn(ctypes.c_void_p(x.ctypes.data), ctypes.c_void_p(out.ctypes.data)) == 0
+        fn(ctypes.c_void_p(x.ctypes.data), ctypes.c_void_p(out.ctypes.data))
         np.testing.assert_array_equal(out, want)
 
 
@@ -198,7 +198,7 @@ def test_permute_in_the_interpreter_printer_gcc_and_llvm(tmp_path, dtype, lanes,
         jit_lib.address("f"))
     for fn in (ctypes.CDLL(str(lib)).f, llvm_fn):
         out = np.zeros(want.size, NP[dtype])
-        assert fn(ctypes.c_void_p(x.ctypes.data), ctypes.c_void_p(out.ctypes.data)) == 0
+        fn(ctypes.c_void_p(x.ctypes.data), ctypes.c_void_p(out.ctypes.data))
         np.testing.assert_array_equal(out, want)
 
 

@@ -149,7 +149,7 @@ def _check_partial_nodes_guarded(fns: list, dtype: str, lanes: int) -> None:
                 x = guarded_array((1, count + 1), NP[dtype], side=side, fill=xv[None, :])
                 full = np.zeros(lanes, NP[dtype])
                 out = guarded_array((1, lanes + 2), NP[dtype], side=side, fill=SENTINEL)
-                assert fn(x.ctypes.data, full.ctypes.data, out.ctypes.data) == 0
+                fn(x.ctypes.data, full.ctypes.data, out.ctypes.data)
                 want_full, want_out = _expected(dtype, lanes, count, xv)
                 where = f"{backend} {dtype} {lanes} lanes count {count} {side}"
                 np.testing.assert_array_equal(full, want_full, err_msg=where)
@@ -228,7 +228,7 @@ def test_read_back_nodes_compiled_against_guard_pages(tmp_path, dtype, lanes):
             xv = np.arange(1, count + 2, dtype=NP[dtype]) / 3
             for side in ("after", "before"):
                 io = guarded_array((1, count + 1), NP[dtype], side=side, fill=xv[None, :])
-                assert fn(io.ctypes.data) == 0
+                fn(io.ctypes.data)
                 want = xv.copy()
                 want[1:] *= 2
                 where = f"{backend} {dtype} {lanes} lanes count {count} {side}"
@@ -348,7 +348,7 @@ def _call(fn, p, values: dict, side: str) -> tuple[dict, dict]:
         value = values.get(s.name, np.zeros((s.rows, s.cols)))
         arrays[s.name] = a = _guarded(s, value, dtype, side)
         args.append(a.__array_interface__["data"][0])
-    assert fn(*args) == 0
+    fn(*args)
     got = {s.name: np.array(arrays[s.name]) for s in p.specs if s.role != "in"}
     return {**got, **scalars}, arrays
 

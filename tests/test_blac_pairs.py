@@ -130,7 +130,7 @@ def test_half_nodes_compiled_by_c_and_llvm(tmp_path, dtype):
     assert "shufflevector" in text
     for fn in fns:
         out = np.zeros(6 * HALF[dtype], NP[dtype])
-        assert fn(x.ctypes.data, out.ctypes.data) == 0
+        fn(x.ctypes.data, out.ctypes.data)
         np.testing.assert_allclose(out, want, rtol=1e-6)
 
 
@@ -330,7 +330,7 @@ def _call_guarded(fn, p, values: dict, side: str) -> dict:
         value = values.get(s.name, np.zeros((s.rows, s.cols)))
         arrays[s.name] = a = _guarded(s, value, dtype, side)
         args.append(a.__array_interface__["data"][0])
-    assert fn(*args) == 0
+    fn(*args)
     return {s.name: (float(arrays[s.name][0]) if s.kind == "scalar" else
                      np.array(arrays[s.name]))
             for s in p.specs if s.role != "in"}

@@ -93,7 +93,7 @@ def test_spread_compiled_by_c_and_llvm(tmp_path, isa, dtype, parts):
     x = np.arange(1, 2 * parts + 2, dtype=NP[dtype]) / 3
     for fn in (c_fn, _llvm_function(module, isa)):
         out = np.zeros(2 * lanes, NP[dtype])
-        assert fn(x.ctypes.data, out.ctypes.data) == 0
+        fn(x.ctypes.data, out.ctypes.data)
         np.testing.assert_array_equal(out, _expected(x, lanes, parts))
 
 

@@ -816,7 +816,7 @@ def parse_blacc_header(text: str) -> tuple[str, list[str], list[str]]:
     """(function name, parameter names in order, compiler flags the header asks for)."""
     import re
 
-    m = re.search(r"^int\s+(\w+)\s*\(([^)]*)\)\s*;", text, re.M)
+    m = re.search(r"^(?:void|int)\s+(\w+)\s*\(([^)]*)\)\s*;", text, re.M)
     if not m:
         raise ValueError("no prototype in blacc header")
     params = [re.findall(r"\w+", p)[-1] for p in m.group(2).split(",") if p.strip()]

@@ -258,13 +258,14 @@ class _Renderer:
         # Helpers stay out of line: inlined into the loop nest, the micro-kernel's
         # accumulators compete with the nest's variables and the register allocator
         # starts moving them around inside the k loop.
-        ret = "int" if f.exported else "BLACC_NOINLINE static void"
+        ret = ("int" if f.status else "void") if f.exported else "BLACC_NOINLINE static void"
         return f"{ret} {f.name}({', '.join(self.param(p) for p in f.params)})"
 
     def function(self, f: k.Function) -> str:
         allocs = [s for s in f.body if isinstance(s, k.Alloc)]
-        if allocs and not f.exported:
-            raise ScheduleError(f"{f.name}: scratch buffers belong to the entry function")
+        if allocs and not (f.exported and f.status):
+            raise ScheduleError(f"{f.name}: scratch buffers belong to the entry function, "
+                                "which returns a status")
         # Scratch pointers start NULL so that the failure path may free them all.
         # An entry keeps its ABI even where a parameter was fixed at compile time.
         used = names_used(f.body)
@@ -278,7 +279,7 @@ class _Renderer:
                  *[f"    (void){p.name};" for p in f.params if p.name not in used],
                  *[f"    {_SCALAR[s.dtype]} *restrict {s.buf} = NULL;" for s in allocs],
                  *self.stmts(f.body, 1)]
-        if f.exported:
+        if f.exported and f.status:
             lines.append("    return 0;")
         if allocs:
             lines += ["out_of_memory:", *[f"    free({s.buf});" for s in allocs], "    return 1;"]

@@ -591,14 +591,16 @@ class _FunctionWriter:
             if v.type != want:
                 raise TypeError(f"{s.func}(): argument {p.name} is {want}, got {v.type}")
             args.append(v.typed)
-        self.emit(f"call {'i32' if callee.exported else 'void'} @{s.func}({', '.join(args)})")
+        returns = "i32" if callee.exported and callee.status else "void"
+        self.emit(f"call {returns} @{s.func}({', '.join(args)})")
 
     # ------------------------------------------------------------------ the function
     def render(self) -> str:
         f = self.f
         allocs = _allocs(f.body)
-        if allocs and not f.exported:
-            raise ScheduleError(f"{f.name}: scratch buffers belong to the entry function")
+        if allocs and not (f.exported and f.status):
+            raise ScheduleError(f"{f.name}: scratch buffers belong to the entry function, "
+                                "which returns a status")
         params, prologue = [], []
         for p in f.params:
             if p.pointer:
@@ -614,13 +616,15 @@ class _FunctionWriter:
             prologue.append(f"  store ptr null, ptr {slot}")
             self.buffers[s.buf] = (slot, s.dtype, True)
         self.stmts(f.body)
-        self.emit("ret i32 0" if f.exported else "ret void")
+        status = f.exported and f.status
+        self.emit("ret i32 0" if status else "ret void")
         if self.oom:
             self.start("out_of_memory.0")
             for s in allocs:
                 self.free(s.buf)
             self.emit("ret i32 1")
-        head = (f"define i32 @{f.name}" if f.exported else f"define internal void @{f.name}")
+        head = (f"define {'i32' if status else 'void'} @{f.name}" if f.exported
+                else f"define internal void @{f.name}")
         return "\n".join([f"{head}({', '.join(params)}) #0 {{", "entry.0:", *self.allocas,
                           *prologue, *self.lines, "}"])
 

@@ -95,7 +95,7 @@ class NativeKernel:
 
 def _signature(entry: k.Function) -> tuple[Any, list[Any]]:
     args = [ctypes.c_void_p if p.pointer else _CTYPES[p.dtype] for p in entry.params]
-    return ctypes.c_int, args
+    return (ctypes.c_int if entry.status else None), args
 
 
 def build(module: k.Module, isa: Isa, *, backend: str = "c",

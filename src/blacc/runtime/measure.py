@@ -34,17 +34,20 @@ _NP_TYPE = {"f32": np.float32, "f64": np.float64}
 _MAX_REPEATS = 1 << 28
 
 
-def _prototype(name: str, specs: Sequence[ArgSpec]) -> str:
-    """``int name(<operands a0, a1, ...>)``, printed as the C backend prints an entry."""
+def _prototype(name: str, specs: Sequence[ArgSpec], status: bool = True) -> str:
+    """``int name(<operands a0, a1, ...>)`` (``void`` without ``status``), printed as the
+    C backend prints an entry."""
     params = tuple(k.Param(f"a{i}", s.dtype, pointer=s.by_pointer, const=not s.written)
                    for i, s in enumerate(specs))
-    return c_backend.signature(k.Function(name, params, (), exported=True))
+    return c_backend.signature(k.Function(name, params, (), exported=True, status=status))
 
 
-def timing_unit(source: str, entries: Sequence[str], specs: Sequence[ArgSpec]) -> str:
-    """``source`` (C defining the functions ``entries``, each taking ``specs``) with a
-    timer per entry: ``double blacc_time_<entry>(long reps, <operands>)``, the seconds
-    ``reps`` back-to-back calls take (thread CPU time)."""
+def timing_unit(source: str, entries: Sequence[str], specs: Sequence[ArgSpec],
+                status: bool = True) -> str:
+    """``source`` (C defining the functions ``entries``, each taking ``specs``; returning
+    an int, or nothing without ``status``) with a timer per entry: ``double
+    blacc_time_<entry>(long reps, <operands>)``, the seconds ``reps`` back-to-back calls
+    take (thread CPU time)."""
     if any(s.dtype not in _NP_TYPE for s in specs):
         raise ArgumentError("kernels are timed on float32 and float64 operands only")
     timer = _prototype("blacc_time", specs)
@@ -61,7 +64,7 @@ def timing_unit(source: str, entries: Sequence[str], specs: Sequence[ArgSpec]) -
         "#else",
         "#define BLACC_OUT_OF_LINE",
         "#endif",
-        *(f"BLACC_OUT_OF_LINE {_prototype(e, specs)};" for e in entries),
+        *(f"BLACC_OUT_OF_LINE {_prototype(e, specs, status)};" for e in entries),
         "static double blacc_seconds(void) {",
         "    struct timespec t;",
         "    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);",
@@ -113,18 +116,19 @@ def _operand(s: ArgSpec, rng: np.random.Generator) -> np.ndarray | float:
 
 
 def time_kernels(kernels: Sequence[tuple[str, str, Isa]], specs: Sequence[ArgSpec], *,
-                 rounds: int = 7, min_batch_s: float = 2e-3, seed: int = 0) -> list[float]:
+                 rounds: int = 7, min_batch_s: float = 2e-3, seed: int = 0,
+                 status: bool = True) -> list[float]:
     """Median seconds per call of each kernel: ``kernels`` are (C source, function name,
-    ISA), each function taking parameters ``specs``; kernels may share a source (one
-    translation unit defining several). Each source is compiled with its timers
-    (``timing_unit``; in parallel, through the kernel cache), and the kernels timed
-    interleaved."""
+    ISA), each function taking parameters ``specs`` (and returning an int status, or
+    nothing without ``status``); kernels may share a source (one translation unit
+    defining several). Each source is compiled with its timers (``timing_unit``; in
+    parallel, through the kernel cache), and the kernels timed interleaved."""
     if not kernels:
         return []
     units = {}
     for source, entry, isa in kernels:
         units.setdefault((source, isa), []).append(entry)
-    texts = [(timing_unit(source, entries, specs), isa)
+    texts = [(timing_unit(source, entries, specs, status), isa)
              for (source, isa), entries in units.items()]
     with ThreadPoolExecutor(max_workers=min(len(texts), os.cpu_count() or 1)) as pool:
         libs = dict(zip(units, pool.map(lambda unit: load_c(*unit), texts), strict=True))

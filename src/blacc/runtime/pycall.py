@@ -397,9 +397,10 @@ def _release_gil(specs: Sequence[ArgSpec]) -> bool:
 
 
 def wrapper_source(entry_name: str, specs: Sequence[ArgSpec], module_name: str, *,
-                   release_gil: bool | None = None) -> str:
+                   release_gil: bool | None = None, status: bool = True) -> str:
     """C source of an extension module ``module_name`` whose ``call(*args)`` checks its
-    arguments against ``specs`` and calls ``int entry_name(...)``.
+    arguments against ``specs`` and calls ``int entry_name(...)``, raising where that
+    returns a status other than 0 (``void entry_name(...)`` without ``status``).
 
     Append it to the kernel's C source (one translation unit). ``release_gil``: drop
     the GIL around the kernel; by default only when the arrays hold at least
@@ -430,7 +431,8 @@ def wrapper_source(entry_name: str, specs: Sequence[ArgSpec], module_name: str, 
     body = ["(void)self;", "(void)args;"]
     if arrays:
         body += [f"Py_buffer views[{len(arrays)}];", "int acquired = 0;"]
-    body.append("int status;")
+    if status:
+        body.append("int status;")
     for i, s in enumerate(specs):
         if s.kind == SCALAR:
             body.append(f"{_C_TYPE[s.dtype]} s{i} = 0;")
@@ -462,18 +464,19 @@ def wrapper_source(entry_name: str, specs: Sequence[ArgSpec], module_name: str, 
             params.append(f"({const}{ctype} *)views[{slot[i]}].buf")
         else:
             params.append(f"&s{i}" if s.written else f"s{i}")
-    call = f"status = {entry_name}({', '.join(params)});"
+    call = f"{'status = ' if status else ''}{entry_name}({', '.join(params)});"
     if release_gil:
         body += ["Py_BEGIN_ALLOW_THREADS", call, "Py_END_ALLOW_THREADS"]
     else:
         body.append(call)
     if arrays:
         body.append("while (acquired > 0) PyBuffer_Release(&views[--acquired]);")
-    body += ["if (status != 0) {",
-             "    PyErr_Format(PyExc_RuntimeError, \"kernel %s failed with status %d \"",
-             f"                 \"(did a scratch allocation fail?)\", {_c_string(entry_name)}, "
-             "status);",
-             "    return NULL;", "}"]
+    if status:
+        body += ["if (status != 0) {",
+                 "    PyErr_Format(PyExc_RuntimeError, \"kernel %s failed with status %d \"",
+                 "                 \"(did a scratch allocation fail?)\", "
+                 f"{_c_string(entry_name)}, status);",
+                 "    return NULL;", "}"]
     if not outs:
         body.append("Py_RETURN_NONE;")
     elif len(outs) == 1:
@@ -566,10 +569,11 @@ def compile_extension(render: Callable[[str], str], prefix: str, *,
 
 def build_extension(kernel_c_source: str, entry_name: str, specs: Sequence[ArgSpec], *,
                     compiler: Compiler | None = None, flags: Sequence[str] = (),
-                    release_gil: bool | None = None,
+                    release_gil: bool | None = None, status: bool = True,
                     cache: KernelCache | None = None) -> Callable[..., Any]:
-    """Compile ``kernel_c_source`` (which defines ``int entry_name(...)``) together with
-    its CPython wrapper and return the module's positional ``call`` function.
+    """Compile ``kernel_c_source`` (which defines ``int entry_name(...)``, or ``void``
+    without ``status``) together with its CPython wrapper and return the module's
+    positional ``call`` function.
 
     ``flags`` are the target's (ISA) flags (see :func:`compile_extension`).
     """
@@ -577,7 +581,7 @@ def build_extension(kernel_c_source: str, entry_name: str, specs: Sequence[ArgSp
 
     def render(name: str) -> str:
         return kernel_c_source + wrapper_source(entry_name, specs, name,
-                                                release_gil=release_gil)
+                                                release_gil=release_gil, status=status)
 
     return compile_extension(render, "blacc_k", compiler=compiler, flags=flags,
                              cache=cache).call

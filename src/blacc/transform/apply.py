@@ -12,7 +12,7 @@ strides of the operand's two axes. Extents must be >= 1 (the runtime handles 0).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ..errors import ScheduleError
 from ..ir import kernel as k
@@ -340,7 +340,7 @@ def _specialize_calls(func: k.Function, caller: k.Function) -> k.Function:
         if len(values) == 1 and isinstance(next(iter(values)), k.Const):
             fixed[p.name] = next(iter(values))
     body = simplify(substitute(func.body, fixed))
-    return k.Function(func.name, func.params, body, func.exported)
+    return replace(func, body=body)
 
 
 def _inline_constant_args(module: k.Module) -> k.Module:
@@ -361,7 +361,7 @@ def _inline_constant_args(module: k.Module) -> k.Module:
     new = []
     for f in module.functions:
         params = tuple(f.params[n] for n in keep[f.name])
-        new.append(k.Function(f.name, params, fix_calls(f.body), f.exported))
+        new.append(replace(f, params=params, body=fix_calls(f.body)))
     return k.Module(tuple(new), module.entry, module.attributes)
 
 

@@ -1818,5 +1818,6 @@ def build_module(program: ix.Program, specs: tuple[ArgSpec, ...],
     ordered = stores_as_ready(share_masked_loads(tuple(body), isa), isa.registers)
     if write_prefetches:
         ordered = prefetch_stores(ordered, {p.name: p.extent for p in params})
-    entry = k.Function(name, params, ordered, exported=True)
+    # temporaries live on the stack: nothing to allocate, no status to return
+    entry = k.Function(name, params, ordered, exported=True, status=False)
     return mark_past_end(k.Module((entry,), entry=name), isa)

@@ -57,8 +57,7 @@ def lower_tiles_to_matrix_intrinsic(module: k.Module, isa: Isa, kr: int = 1) -> 
     ``isa`` is unused (the matrices are target-independent); passes take one."""
     if not isinstance(kr, int) or isinstance(kr, bool) or kr < 1:
         raise ScheduleError(f"matrix intrinsic: kr must be a positive integer, got {kr!r}")
-    funcs = tuple(k.Function(f.name, f.params, _tiles_body(f.body, kr), f.exported)
-                  for f in module.functions)
+    funcs = tuple(replace(f, body=_tiles_body(f.body, kr)) for f in module.functions)
     return k.Module(funcs, module.entry, module.attributes)
 
 
@@ -208,7 +207,7 @@ def expand_matrix(module: k.Module, isa: Isa) -> k.Module:
     funcs = []
     for f in module.functions:
         if has_matrix_values(f.body):
-            f = k.Function(f.name, f.params, _Expander(isa, f.body).run(), f.exported)
+            f = replace(f, body=_Expander(isa, f.body).run())
         funcs.append(f)
     return k.Module(tuple(funcs), module.entry, module.attributes)
 

@@ -11,6 +11,8 @@ loops it can vectorize.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from ..ir import kernel as k
 from ..ir.walk import rewrite, simplify, substitute
 
@@ -27,8 +29,7 @@ def lower_packs(module: k.Module) -> k.Module:
                 x.rows, x.cols)
         return k.Call(func.name, args)
 
-    funcs = tuple(k.Function(f.name, f.params, rewrite(f.body, visit), f.exported)
-                  for f in module.functions)
+    funcs = tuple(replace(f, body=rewrite(f.body, visit)) for f in module.functions)
     return k.Module((*needed.values(), *funcs), module.entry, module.attributes)
 
 
