@@ -33,13 +33,13 @@ from test_blac_programs import assert_matches, make_values, run_interp
 M, S = blacc.Matrix, blacc.Scalar
 
 
-def _host_of(monkeypatch, vendor: str) -> None:
-    """Plans made here are tuned for a host from ``vendor``."""
+def _host_of(monkeypatch, vendor: str, **machine: object) -> None:
+    """Plans made here are tuned for a host from ``vendor`` (and ``machine``'s other
+    ``Machine`` fields)."""
     target = host_target()
+    tuned = dataclasses.replace(target.machine, vendor=vendor, **machine)
     monkeypatch.setattr(blacs, "host_target",
-                        lambda: dataclasses.replace(
-                            target, machine=dataclasses.replace(target.machine,
-                                                                vendor=vendor)))
+                        lambda: dataclasses.replace(target, machine=tuned))
 
 
 @pytest.fixture(autouse=True)

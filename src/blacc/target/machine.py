@@ -94,8 +94,8 @@ class Machine:
         straight-line code, not in a loop along the row, where the call's operands about
         fill L1 (``transform.blac.NEAR_L1``). On a Xeon of CPU model 167 (LGen's harness,
         C = A*B n x 4 x n, 13 sizes, both dtypes) the planned kernels in that band ran
-        1.00-1.43x as fast so; below and above it straight-line code ran 0.7-0.9x as fast
-        as the loop. Measured on that core only."""
+        1.00-1.43x as fast so; below and above it straight-line code ran 0.68-1.0x as
+        fast as the loop. Measured on that core only."""
         return self.vendor == "GenuineIntel" and self.family == 6 and self.model == 167
 
     def cache(self, level: int) -> CacheLevel | None:

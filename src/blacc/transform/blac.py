@@ -1468,9 +1468,9 @@ def _reload_per_iteration(loop: k.For, spare: int, registers: int) -> k.For:
 #: written goes out in straight-line rows (``Machine.straight_rows_near_l1``). On a Xeon
 #: (CPU model 167; LGen's harness, C = A*B n x 4 x n, a block's vectors in a loop with
 #: A's broadcasts hoisted out of it against straight-line code, the same blocks; x
-#: LIBXSMM): f32 n = 100, 104, 112 (0.88, 0.95, 1.09 L1) 0.88-0.94 -> 1.03-1.05x, f64
-#: 76, 80 (1.04, 1.15) 0.90-0.95 -> 1.02-1.29x. Below the band the loop is as fast or
-#: faster (f32 96, 0.82 L1: 1.12 -> 0.93x), above it the loop with write prefetches
+#: LIBXSMM): f32 n = 100, 104, 112 (0.88, 0.95, 1.09 L1) 0.87-0.94 -> 1.03-1.05x, f64
+#: 76, 80 (1.04, 1.15) 0.88-0.96 -> 1.02-1.29x. Below the band the loop is as fast or
+#: faster (f32 96, 0.81 L1: 1.12 -> 0.93x), above it the loop with write prefetches
 #: (f64 84, 1.26: 1.29x against 1.02x; f32 120: 1.27 against 1.07). An output also
 #: read (C = alpha*A*B + beta*C) ran the same either way.
 NEAR_L1 = (0.85, 1.2)
