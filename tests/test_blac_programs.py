@@ -515,6 +515,9 @@ def test_compiled_program_matches_reference(name, dims, dtype):
             assert isinstance(value, np.ndarray) and value.dtype == NP[dtype]
             if s.name in outs:
                 assert value is outs[s.name], f"{s.name}: not written in place"
+            else:  # allocated: a declared Vector 1-D, as NumPy holds vectors
+                shape = (s.rows,) if s.vector else (s.rows, s.cols)
+                assert value.shape == shape, (s.name, value.shape)
             if s.name in outs and s.layout == "row" and s.rows > 1 and s.cols > 1 \
                     and s.ld != s.cols:
                 assert (value.base[:, s.cols:] == SENTINEL).all(), "row padding written"

@@ -590,8 +590,11 @@ def build_extension(kernel_c_source: str, entry_name: str, specs: Sequence[ArgSp
 # ------------------------------------------------------------------------ by-name calls
 def _allocator(s: ArgSpec) -> Callable[[], np.ndarray]:
     """A function returning a new output array for ``s``, in the layout the kernel
-    writes: C (or, for 'col', Fortran) order, padded to the leading dimension."""
+    writes: C (or, for 'col', Fortran) order, padded to the leading dimension; a
+    declared Vector is 1-D, as NumPy users hold vectors."""
     dtype, ld = _NP_DTYPE[s.dtype], s.leading_dimension
+    if s.vector:
+        return functools.partial(np.empty, (s.rows * s.cols,), dtype)
     if _natural(s):
         order = "F" if s.layout == "col" and not _is_vector(s) else "C"
         return functools.partial(np.empty, (s.rows, s.cols), dtype, order)
@@ -645,12 +648,13 @@ class FixedKernel:
     """A compiled fixed-size kernel, callable by argument name.
 
     ``kernel(A=..., x=..., y=...)``: every input (and in/out) argument is required;
-    an omitted output array is allocated (``np.empty`` of shape ``(rows, cols)``, in
-    the layout the kernel writes) and returned; output scalars are not passed, only
-    returned. The result is the single output itself, or, when there are several, a
-    dict mapping each output's name to its array or float (in spec order); None when
-    the kernel has no outputs. Checks are those of the positional ``fast`` function
-    (see :func:`wrapper_source`), which hot loops should call directly.
+    an omitted output array is allocated (``np.empty`` of shape ``(n,)`` for a declared
+    Vector, else ``(rows, cols)`` in the layout the kernel writes) and returned;
+    output scalars are not passed, only returned. The result is the single output
+    itself, or, when there are several, a dict mapping each output's name to its array
+    or float (in spec order); None when the kernel has no outputs. Checks are those of
+    the positional ``fast`` function (see :func:`wrapper_source`), which hot loops
+    should call directly.
 
     Attributes: ``specs`` (the ArgSpecs), ``fast`` (the extension's positional
     ``call``), ``source`` (the kernel's C source), ``name`` (its entry function).

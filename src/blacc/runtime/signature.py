@@ -27,6 +27,8 @@ class ArgSpec:
     * ``kind`` 'scalar': an input scalar is passed by value; an output (or in/out) scalar
       by pointer to one element.
     * ``role``: 'in' (read only), 'out' (written, never read), 'inout' (read then written).
+    * ``vector``: declared a Vector (a column of ``rows`` elements) rather than a
+      Matrix: the C signature is the same, but Python allocates such an output 1-D.
     """
 
     name: str
@@ -37,6 +39,7 @@ class ArgSpec:
     cols: int = 1
     layout: str = "row"
     ld: int | None = None
+    vector: bool = False
 
     def __post_init__(self) -> None:
         if self.kind not in (ARRAY, SCALAR):

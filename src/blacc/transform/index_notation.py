@@ -331,5 +331,5 @@ def arg_specs(program: t.TypedProgram) -> tuple[ArgSpec, ...]:
         kind = SCALAR if d.kind == "scalar" else ARRAY
         layout = getattr(d, "layout", "row")
         specs.append(ArgSpec(name, kind, program.dtype, role, rows, cols, layout,
-                             getattr(d, "ld", None)))
+                             getattr(d, "ld", None), vector=d.kind == "vector"))
     return tuple(specs)
