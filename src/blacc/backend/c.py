@@ -25,6 +25,7 @@ class _Renderer:
     def __init__(self, isa: Isa) -> None:
         self.isa = isa
         self.read_back: frozenset[str] = frozenset()  # of the function being printed
+        self.locals: list[str] = []  # its local arrays declared so far
 
     # ------------------------------------------------------------------ types and values
     def type(self, dtype: str, lanes: int) -> str:
@@ -231,6 +232,7 @@ class _Renderer:
                 lines += [f"{pad}}} else {{", *self.stmts(s.orelse, indent + 1)]
             return [*lines, f"{pad}}}"]
         if isinstance(s, k.Local):
+            self.locals.append(s.buf)
             return [f"{pad}{_SCALAR[s.dtype]} {s.buf}[{s.size}];"]
         if isinstance(s, k.Alloc):
             # aligned_alloc needs a size that is a multiple of the alignment.
@@ -243,7 +245,10 @@ class _Renderer:
         if isinstance(s, k.Call):
             return [f"{pad}{s.func}({', '.join(self.expr(a) for a in s.args)});"]
         if isinstance(s, k.Barrier):
-            return [f"{pad}BLACC_BARRIER();"]
+            # gcc lets a memory clobber pass a local array whose address never escapes
+            # (and hoists its loads out of a loop across it), so locals are named
+            return [f"{pad}BLACC_BARRIER();", *(f"{pad}BLACC_IN_MEMORY({buf});"
+                                                for buf in self.locals)]
         if isinstance(s, k.Prefetch):
             return [f"{pad}BLACC_PREFETCH({self.addr(s.buf, s.index)}, {int(s.write)});"]
         raise TypeError(f"the C backend cannot print {type(s).__name__}; lower it first")
@@ -270,6 +275,7 @@ class _Renderer:
         # An entry keeps its ABI even where a parameter was fixed at compile time.
         used = names_used(f.body)
         self.read_back = read_back_buffers(f.body)
+        self.locals = []
         # An entry starts on a cache line: where a kernel of a few nanoseconds starts
         # decides how many 64-byte fetch blocks it spans, and so its speed (C = A*B
         # 4 x 4 x 4 f32 on Zen 5 ran 1.00-1.01 ns starting 1 or 16 bytes into a line,
@@ -332,10 +338,11 @@ def render_modules(modules: Sequence[k.Module], isa: Isa) -> str:
     # Empty asm statements, for GNU C compilers only, defined where used:
     # BLACC_IN_REGISTER(v) takes v in a vector register, so the compiler cannot fold v's
     # load into each of its uses (``k.Decl.in_register``); BLACC_BARRIER() is a compiler
-    # barrier (``k.Barrier``).
+    # barrier (``k.Barrier``), and BLACC_IN_MEMORY(a) extends it to the local array a.
     optional = {
         "BLACC_IN_REGISTER(v)": f'__asm__("" : "+{isa.register_constraint}"(v))',
         "BLACC_BARRIER()": '__asm__ __volatile__("" ::: "memory")',
+        "BLACC_IN_MEMORY(a)": '__asm__ __volatile__("" : "+m"(a))',
     }
     used_asm = [macro for macro in optional if macro.split("(")[0] + "(" in text]
     head += ["#if defined(__GNUC__)",

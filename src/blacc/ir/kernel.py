@@ -656,7 +656,9 @@ class Barrier(Stmt):
     it keeps gcc from reusing one block's loads in a later block (a row of B shared by
     blocks of different rows), which keeps them live across blocks and spills them; at
     the top of a loop over blocks of rows it keeps gcc from hoisting those loads out of
-    the loop, with the same result."""
+    the loop, with the same result. It holds for the function's local arrays as for its
+    parameters (the C backend names them: gcc lets a plain memory clobber pass a local
+    whose address never escapes)."""
 
 
 # ----------------------------------------------------------------------------- tile operations
