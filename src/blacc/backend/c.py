@@ -26,6 +26,7 @@ class _Renderer:
         self.isa = isa
         self.read_back: frozenset[str] = frozenset()  # of the function being printed
         self.locals: list[str] = []  # its local arrays declared so far
+        self.written: list[str] = []  # its local arrays stored to so far
 
     # ------------------------------------------------------------------ types and values
     def type(self, dtype: str, lanes: int) -> str:
@@ -202,6 +203,8 @@ class _Renderer:
         if isinstance(s, k.Assign):
             return [f"{pad}{s.var.name} = {self.expr(s.value)};"]
         if isinstance(s, k.Store):
+            if s.buf in self.locals and s.buf not in self.written:
+                self.written.append(s.buf)
             lanes = s.value.lanes
             if lanes == 1:
                 return [f"{pad}{s.buf}[{self.expr(s.index)}] = {self.expr(s.value)};"]
@@ -246,9 +249,10 @@ class _Renderer:
             return [f"{pad}{s.func}({', '.join(self.expr(a) for a in s.args)});"]
         if isinstance(s, k.Barrier):
             # gcc lets a memory clobber pass a local array whose address never escapes
-            # (and hoists its loads out of a loop across it), so locals are named
+            # (and hoists its loads out of a loop across it), so the locals written so
+            # far are named
             return [f"{pad}BLACC_BARRIER();", *(f"{pad}BLACC_IN_MEMORY({buf});"
-                                                for buf in self.locals)]
+                                                for buf in self.written)]
         if isinstance(s, k.Prefetch):
             return [f"{pad}BLACC_PREFETCH({self.addr(s.buf, s.index)}, {int(s.write)});"]
         raise TypeError(f"the C backend cannot print {type(s).__name__}; lower it first")
@@ -275,7 +279,7 @@ class _Renderer:
         # An entry keeps its ABI even where a parameter was fixed at compile time.
         used = names_used(f.body)
         self.read_back = read_back_buffers(f.body)
-        self.locals = []
+        self.locals, self.written = [], []
         # An entry starts on a cache line: where a kernel of a few nanoseconds starts
         # decides how many 64-byte fetch blocks it spans, and so its speed (C = A*B
         # 4 x 4 x 4 f32 on Zen 5 ran 1.00-1.01 ns starting 1 or 16 bytes into a line,
