@@ -596,6 +596,20 @@ def test_outputs_read_only_after_assignment_are_outputs(src, roles):
     assert_matches(p.typed, values, got, src)
 
 
+def test_an_allocated_vector_output_is_1d():
+    """y left out of the call is allocated as NumPy holds a vector: (5,) for a declared
+    Vector, (5, 1) for a Matrix(5, 1); the kernel's repr shows the same."""
+    A, x = np.arange(45.0).reshape(5, 9), np.ones(9)
+    as_vector = blacc.compile("y = A*x", A=M(5, 9), x=V(9), y=V(5))
+    as_matrix = blacc.compile("y = A*x", A=M(5, 9), x=V(9), y=M(5, 1))
+    y, y2 = as_vector(A=A, x=x), as_matrix(A=A, x=x)
+    assert y.shape == (5,) and y2.shape == (5, 1)
+    np.testing.assert_array_equal(y, A @ x)
+    np.testing.assert_array_equal(y2[:, 0], A @ x)
+    assert "x: in f64[9], y: out f64[5])" in repr(as_vector)
+    assert "y: out f64[5x1])" in repr(as_matrix)
+
+
 # ------------------------------------------------------- one-row/one-column matrices with ld
 
 def test_degenerate_matrix_ld_output_column():

@@ -723,6 +723,7 @@ class FixedKernel:
 
     def __repr__(self) -> str:
         args = ", ".join(f"{s.name}: {s.role} {s.dtype}"
-                         + (f"[{s.rows}x{s.cols}]" if s.kind == ARRAY else "")
+                         + ("" if s.kind != ARRAY else f"[{s.rows * s.cols}]" if s.vector
+                            else f"[{s.rows}x{s.cols}]")
                          for s in self.specs)
         return f"FixedKernel({self.name}({args}))"
