@@ -299,26 +299,28 @@ def test_the_hint_survives_printing_and_interpreting():
 
 def test_a_barrier_names_the_local_arrays_written_before_it(cc, tmp_path):
     """gcc lets a memory clobber pass a local array whose address never escapes, so a
-    barrier names each local written before it (``BLACC_IN_MEMORY``): loads of t0 after
-    it are made after it. t1, not yet written, is left out; a function without locals
-    gets the plain barrier. Compiles warning-free, with intrinsics and as generic C."""
+    barrier that holds for locals (``Barrier.locals``) names each local written before
+    it (``BLACC_IN_MEMORY``): loads of t0 after it are made after it. t1, not yet
+    written, is left out; a plain barrier names none. Compiles warning-free, with
+    intrinsics and as generic C."""
     def load(buf: str) -> k.Load:
         return k.Load(buf, k.Const(0), "f64")
 
     out = k.Param("out", "f64", pointer=True, extent=2)
     body = (k.Local("t0", "f64", 2), k.Local("t1", "f64", 2),
-            k.Store("t0", k.Const(0), k.Const(2.0, "f64")), k.Barrier(),
-            k.Store("t1", k.Const(0), load("t0")), k.Barrier(),
-            k.Store("out", k.Const(0), load("t1")))
+            k.Store("t0", k.Const(0), k.Const(2.0, "f64")), k.Barrier(locals=True),
+            k.Store("t1", k.Const(0), load("t0")), k.Barrier(locals=True),
+            k.Store("out", k.Const(0), load("t1")), k.Barrier())
     module = k.Module((k.Function("kern", (out,), body, exported=True, status=False),),
                       entry="kern")
     src = render(module, AVX2)
     barriers = src.split("BLACC_BARRIER();")[1:]
     assert "BLACC_IN_MEMORY(t0);" in barriers[0] and "t1);" not in barriers[0]
     assert "BLACC_IN_MEMORY(t0);\n    BLACC_IN_MEMORY(t1);" in barriers[1]
+    assert "BLACC_IN_MEMORY" not in barriers[2]
     assert "#define BLACC_IN_MEMORY(a)" in src
     plain = k.Module((k.Function("kern", (out,), (k.Store("out", k.Const(0), k.Const(
-        1.0, "f64")), k.Barrier()), exported=True, status=False),), entry="kern")
+        1.0, "f64")), k.Barrier(locals=True)), exported=True, status=False),), entry="kern")
     assert "BLACC_BARRIER();" in render(plain, AVX2)
     assert "BLACC_IN_MEMORY" not in render(plain, AVX2)
     for isa, flags in ((AVX2, ("-mavx2", "-mfma")), (GENERIC, ("-pedantic",))):

@@ -248,11 +248,10 @@ class _Renderer:
         if isinstance(s, k.Call):
             return [f"{pad}{s.func}({', '.join(self.expr(a) for a in s.args)});"]
         if isinstance(s, k.Barrier):
-            # gcc lets a memory clobber pass a local array whose address never escapes
-            # (and hoists its loads out of a loop across it), so the locals written so
-            # far are named
+            # gcc lets a memory clobber pass a local array whose address never escapes,
+            # so a barrier that holds for locals names those written so far
             return [f"{pad}BLACC_BARRIER();", *(f"{pad}BLACC_IN_MEMORY({buf});"
-                                                for buf in self.written)]
+                                                for buf in (self.written if s.locals else ()))]
         if isinstance(s, k.Prefetch):
             return [f"{pad}BLACC_PREFETCH({self.addr(s.buf, s.index)}, {int(s.write)});"]
         raise TypeError(f"the C backend cannot print {type(s).__name__}; lower it first")

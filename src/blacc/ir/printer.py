@@ -105,7 +105,7 @@ def stmt(s: k.Stmt, indent: int = 0) -> list[str]:
     if isinstance(s, k.Call):
         return [f"{pad}{s.func}({', '.join(expr(a) for a in s.args)})"]
     if isinstance(s, k.Barrier):
-        return [f"{pad}barrier"]
+        return [f"{pad}barrier{' (locals too)' if s.locals else ''}"]
     if isinstance(s, k.Prefetch):
         return [f"{pad}prefetch({s.buf}[{expr(s.index)}]{', write' if s.write else ''})"]
     if isinstance(s, k.PackSlivers):

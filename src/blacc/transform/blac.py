@@ -1435,8 +1435,10 @@ def _reload_per_iteration(loop: k.For, spare: int, registers: int) -> k.For:
     """``loop`` over blocks of rows, starting with a barrier when the vectors its body
     loads alike in every iteration (the rows of B) do not fit in the ``spare``
     registers a block leaves. The C compiler would hoist those loads out of the loop
-    and spill them; after a barrier each iteration loads them again, from L1.
-    (Broadcasts are not counted: C compilers leave them in a loop that stores.)
+    and spill them; after a barrier each iteration loads them again, from L1 (a
+    temporary's rows too where the unrolled loop below is what overflows,
+    ``k.Barrier.locals``). (Broadcasts are not counted: C compilers leave them in a
+    loop that stores.)
 
     A short inner loop along the row is unrolled by the compiler, and its loads of B
     then become alike in every iteration too, one set per trip. That matters where the
@@ -1461,7 +1463,11 @@ def _reload_per_iteration(loop: k.For, spare: int, registers: int) -> k.For:
                 peeled += trips * len(per_trip)
     if len(invariant) + (hoisted + peeled if peeled else 0) <= spare:
         return loop
-    return replace(loop, body=(k.Barrier(), *loop.body))
+    # a temporary's loads too where the unrolled inner loop is what overflows: gcc hoisted
+    # them all the same and spilled (48 x 4 x 48 f32, alpha*B in a temporary: 1.3x as fast
+    # with them reloaded); elsewhere it keeps the temporary's values or computes them
+    # again from its inputs, which ran faster than reloads (AVX2, 32 x 4 x 32 f32: 0.91x)
+    return replace(loop, body=(k.Barrier(locals=bool(peeled)), *loop.body))
 
 
 #: The band, in multiples of ``L1_BYTES``, of a call's operands in which an output only
