@@ -19,6 +19,7 @@ import blacc
 from blacc.blacs import plan
 from blacc.ir import kernel as k
 from blacc.ir.walk import nodes_of, rewrite
+from blacc.strategy import small
 from blacc.strategy.small import options
 from blacc.target.isa import AVX2, AVX512
 from blacc.target.machine import Machine
@@ -605,6 +606,33 @@ def test_model_search_is_fast():
              alpha=blacc.Scalar("f64"), beta=blacc.Scalar("f64"))
     assert time.process_time() - t0 < 10
     assert len(options(p.indexed, p.specs, p.isa)[0]) <= 8
+
+
+@pytest.mark.parametrize("keep", [1, 3, 8])
+def test_options_cut_short_only_what_they_drop(monkeypatch, keep):
+    """A candidate whose modelled cost reaches the last one kept stops being modelled there
+    (``model_cost``'s ``above``); the options kept, and their costs, are those of modelling
+    every candidate in full."""
+    p = plan("C = alpha*A*B + beta*C", target="avx2", A=blacc.Matrix(9, 11, "f64"),
+             B=blacc.Matrix(11, 7, "f64"), C=blacc.Matrix(9, 7, "f64"),
+             alpha=blacc.Scalar("f64"), beta=blacc.Scalar("f64"))
+    cut = options(p.indexed, p.specs, AVX2, keep=keep)
+    full_cost = small.model_cost
+    stopped = []
+
+    def in_full(*args, above=None, **kwargs):
+        cost = full_cost(*args, **kwargs)
+        if above is not None:
+            short = full_cost(*args, above=above, **kwargs)
+            assert short <= cost  # never more than the full estimate
+            if short < cost:
+                assert short >= above  # cut short only at the last kept
+                stopped.append(short)
+        return cost
+
+    monkeypatch.setattr(small, "model_cost", in_full)
+    assert options(p.indexed, p.specs, AVX2, keep=keep) == cut
+    assert stopped  # the case exercises the cut
 
 
 @pytest.mark.parametrize("dims", [(7, 4, 4), (4, 37, 4), (4, 4, 29), (13, 5, 11)])

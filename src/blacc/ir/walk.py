@@ -72,8 +72,9 @@ def _visit(node: Any, fn: Callable[[Any], object]) -> None:
 def any_node(node: Any, test: Callable[[Any], bool]) -> bool:
     """Whether some IR node in ``node`` passes ``test``: stops at the first."""
     stack = [node]
+    pop, push = stack.pop, stack.append  # bound once: passes ask this of every statement
     while stack:
-        x = stack.pop()
+        x = pop()
         if isinstance(x, tuple):
             stack.extend(x)
             continue
@@ -82,7 +83,8 @@ def any_node(node: Any, test: Callable[[Any], bool]) -> bool:
             continue
         if test(x):
             return True
-        stack.extend(getattr(x, name) for name in names)
+        for name in names:
+            push(getattr(x, name))
     return False
 
 

@@ -744,14 +744,16 @@ def _unrolled_hoists(body: tuple[k.Stmt, ...], isa: Isa, nested: bool = False) -
 
 def model_cost(module: k.Module, registers_needed: int, isa: Isa, datapath: int = 0,
                crossing: float | None = None, embedded: bool = False,
-               core: Core | None = None) -> float:
+               core: Core | None = None, above: float | None = None) -> float:
     """Estimated cycles of a fixed-size kernel called again and again; a block that needs
     more vector registers than the target has spills (a store and a load per extra
     register and use). ``datapath``: as for ``_expr_issue``; ``crossing``: cycles of a
     store across a cache line (``CROSSING_STORE_CYCLES``, ``crossing_store_cycles``);
     ``embedded``: whether AVX-512's broadcasts that occur once are read by their FMA
     (``_embedded_broadcast``) rather than charged as instructions of their own;
-    ``core``: the pipes of the core it runs on (``core_for``; None: the constants')."""
+    ``core``: the pipes of the core it runs on (``core_for``; None: the constants').
+    ``above``: a cost of no interest; once the estimate reaches it (what follows only
+    adds), that estimate is returned, short of the rest."""
     body = module.function(module.entry).body
     scratch = frozenset(s.buf for s in body if isinstance(s, k.Local))
     single = _single_broadcasts(body) if embedded else None
@@ -762,6 +764,8 @@ def model_cost(module: k.Module, registers_needed: int, isa: Isa, datapath: int 
     if waiting < WINDOW:  # the next call starts before this one's chains end
         cycles = _cycles(body, isa, scratch=scratch, exposed=waiting / WINDOW,
                          datapath=datapath, single=single, read=read, core=core).cycles
+    if above is not None and cycles >= above:
+        return cycles
     # the straight-line code outside loops (or in loops the C compiler unrolls), at the
     # rate it can be fetched
     parts = [_cycles((s,), isa, scratch=scratch, datapath=datapath, single=single, read=read,
@@ -1239,7 +1243,10 @@ def options(program: ix.Program, specs: tuple[ArgSpec, ...], isa: Isa,
                     continue
                 built.add(module)
             need = _registers(single, op, sched, module, isa)
-            found.append((model_cost(module, need, isa, core=core), sched))
+            # one costing at least the last kept is dropped below, whatever it costs: its
+            # modelling may stop there (most of a mid-size product's candidates)
+            worst = found[-1][0] if len(found) >= keep else None
+            found.append((model_cost(module, need, isa, core=core, above=worst), sched))
             found.sort(key=lambda o: o[0])
             del found[keep:]
         if not found:
