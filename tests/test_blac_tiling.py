@@ -16,12 +16,14 @@ import numpy as np
 import pytest
 
 import blacc
+from blacc import blacs
 from blacc.blacs import plan
+from blacc.errors import ScheduleError
 from blacc.ir import kernel as k
 from blacc.ir.walk import nodes_of, rewrite
 from blacc.strategy import small
 from blacc.strategy.small import options
-from blacc.target.isa import AVX2, AVX512
+from blacc.target.isa import AVX2, AVX512, GENERIC
 from blacc.target.machine import Machine
 from blacc.transform.blac import OpSchedule, build_module, candidates, sums_of
 from blacc.transform.index_notation import forms
@@ -633,6 +635,38 @@ def test_options_cut_short_only_what_they_drop(monkeypatch, keep):
     monkeypatch.setattr(small, "model_cost", in_full)
     assert options(p.indexed, p.specs, AVX2, keep=keep) == cut
     assert stopped  # the case exercises the cut
+
+
+@pytest.mark.parametrize("isa, dtype, dims", [(AVX2, "f64", (5, 4, 6, 3)),
+                                              (AVX512, "f32", (5, 4, 6, 3)),
+                                              (GENERIC, "f64", (3, 4, 2, 3))])
+def test_no_candidate_is_modelled_below_the_fewest_cycles(isa, dtype, dims):
+    """``fewest_cycles`` bounds every kernel the model prices, whatever the form,
+    schedule or core (Intel's pipes, a 256-bit datapath, AVX-512's broadcasts read by
+    their FMA): the choice between ISAs skips modelling the narrower one on it."""
+    intel = small.core_for(Machine(name="Xeon", arch="x86_64", features=frozenset(),
+                                   cores=2, vendor="GenuineIntel", family=6), isa)
+    for name in PROGRAMS:
+        decls = decls_of(name, dims, dtype)
+        for form in forms(blacs._typed(PROGRAMS[name][0], decls)):
+            specs = blacs.arg_specs(blacs._typed(PROGRAMS[name][0], decls))
+            for op in form.ops:
+                single = replace(form, ops=(op,))
+                floor = small.fewest_cycles([single], isa)
+                for sched in candidates(form, op, isa):
+                    try:
+                        module = build_module(single, specs, (sched,), isa, "probe")
+                    except ScheduleError:
+                        continue
+                    need = small._registers(single, op, sched, module, isa)
+                    for kwargs in ({}, {"core": intel, "embedded": True},
+                                   {"datapath": 256}):
+                        assert small.model_cost(module, need, isa, **kwargs) >= floor, (
+                            name, op.out, sched, kwargs)
+            chosen = blacs._model_plan(blacs._typed(PROGRAMS[name][0], decls), specs, isa,
+                                       (form,), "probe")
+            assert (small.program_cost(chosen.module, form, chosen.schedule, isa)
+                    >= small.fewest_cycles([form], isa))
 
 
 @pytest.mark.parametrize("dims", [(7, 4, 4), (4, 37, 4), (4, 4, 29), (13, 5, 11)])

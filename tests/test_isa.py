@@ -264,6 +264,47 @@ def test_small_programs_choose_avx2_or_avx512_on_an_avx512_host(monkeypatch):
     assert blacs.plan("y = A*x", **narrow).isa is AVX512
 
 
+def test_host_models_avx2_only_where_its_fewest_cycles_could_win(monkeypatch):
+    """'host' models AVX-512 first, and AVX2 only where AVX2's ``fewest_cycles`` (its
+    multiplies on full vectors) is not already slower by the gain AVX-512 needs: C = A*B
+    12 x 12 x 12 f64 cannot take AVX2 (216 cycles of FMAs at best). The choice is the one
+    that modelling both gives, on each core's rule."""
+    monkeypatch.delenv("BLACC_ISA", raising=False)
+    programs = [("C = A*B", {n: blacc.Matrix(12, 12, "f64") for n in "ABC"}, False),
+                ("y = A*x", dict(A=blacc.Matrix(10, 10, "f64"), x=blacc.Vector(10, "f64"),
+                                 y=blacc.Vector(10, "f64")), True),
+                ("C = A*B", dict(A=blacc.Matrix(4, 4, "f32"), B=blacc.Matrix(4, 64, "f32"),
+                                 C=blacc.Matrix(4, 64, "f32")), None)]
+    skipped = 0
+    for fields in (dict(vendor="GenuineIntel", family=6), dict(vendor="AuthenticAMD", family=25),
+                   dict(vendor="AuthenticAMD", family=26)):
+        blacs = _avx512_host(monkeypatch, **fields)
+        gain = small.wider_gain(blacs.host_target().machine)
+        for source, decls, needs_avx2 in programs:
+            typed = blacs._typed(source, decls)
+            specs, forms = blacs.arg_specs(typed), blacs.forms(typed)
+            costs = blacs.isa_choice_costs(typed, specs, forms, (AVX2, AVX512), "k")
+            modelled = []
+            full = blacs.isa_choice_costs
+
+            def spy(typed, specs, candidates, isas, *args, full=full, modelled=modelled):
+                modelled.extend(isas)
+                return full(typed, specs, candidates, isas, *args)
+
+            monkeypatch.setattr(blacs, "isa_choice_costs", spy)
+            isa = blacs._host_isa(typed, specs, forms, (AVX2, AVX512), "k", {})
+            monkeypatch.setattr(blacs, "isa_choice_costs", full)
+            assert isa is (AVX2, AVX512)[small.worth_wider(costs, gain=gain)]
+            assert modelled[0] is AVX512
+            if needs_avx2 is not None:
+                assert (AVX2 in modelled) == needs_avx2, (source, fields)
+            skipped += AVX2 not in modelled
+            if AVX2 not in modelled:
+                assert isa is AVX512
+                assert costs[0] >= small.fewest_cycles(forms, AVX2)
+    assert skipped >= 3
+
+
 def test_small_programs_on_zen4_count_512_bit_instructions_twice(monkeypatch):
     """Zen 4 (AMD family 25) runs a 512-bit instruction over its 256-bit pipes, so the
     choice between ISAs models each one issued twice: the wide C = A*B that fills 512-bit

@@ -1212,6 +1212,41 @@ def _lower_bound(program: ix.Program, op: ix.Op, sched: OpSchedule, isa: Isa) ->
     return out.rows * out.cols * _work(op.body) / (2 * lanes * FP_PIPES)
 
 
+def _unshared_multiplies(op: ix.Op, out: ix.Operand) -> int:
+    """Multiplies of ``op`` that a kernel computing it issues for each of its output
+    elements: one per term of each product that depends on every output index and every
+    index it is summed over (a chain of factors, ``x(i)*A(i,k)*y(k)``, counted once: it
+    may be evaluated in another order), times the extents of its sums. Products of a
+    literal (``1*x`` may be folded away) and of invariant factors (``alpha*B(k,j)``,
+    which may be computed once) are not counted, nor is a repeated term."""
+    varying = {d for d, n in zip(op.dims, (out.rows, out.cols), strict=True) if n > 1}
+    found: dict[ix.Node, int] = {}
+
+    def visit(n: ix.Node, summed: frozenset[str], runs: int, factor: bool) -> None:
+        if isinstance(n, ix.Sum):
+            visit(n.body, summed | {n.index}, runs * n.extent, False)
+            return
+        if isinstance(n, ix.Mul):
+            if (not factor and not isinstance(n.a, ix.Lit) and not isinstance(n.b, ix.Lit)
+                    and varying | summed <= ix.indices_used(n)):
+                found[n] = max(found.get(n, 0), runs)
+            factor = True
+        for c in ix.children(n):
+            visit(c, summed, runs, factor)
+
+    visit(op.body, frozenset(), 1, False)
+    return out.rows * out.cols * sum(found.values())
+
+
+def fewest_cycles(forms: Sequence[ix.Program], isa: Isa) -> float:
+    """Cycles below which ``model_cost`` prices no kernel of any of ``forms`` on ``isa``,
+    whatever its schedule or core: its multiplies (``_unshared_multiplies``) in full
+    vectors on every FP pipe. A true bound, unlike ``_lower_bound``: it counts neither
+    additions nor operands a schedule may combine once."""
+    return min(sum(_unshared_multiplies(op, form.operand(op.out)) for op in form.ops)
+               / (isa.lanes(form.dtype) * FP_PIPES) for form in forms)
+
+
 def options(program: ix.Program, specs: tuple[ArgSpec, ...], isa: Isa,
             keep: int = 8, core: Core | None = None) -> list[list[tuple[float, OpSchedule]]]:
     """Per operation, the ``keep`` best-modelled schedules that can be built, best first,
