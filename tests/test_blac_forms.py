@@ -107,7 +107,7 @@ def test_which_programs_have_a_second_form(source, decls, count):
 
 
 def test_gesummv_scales_x_once_and_sums_in_one_chain():
-    _, _, _, (fused, scaled) = _forms("gesummv", 16, 1, 4, "f32")
+    _, _, _, (fused, scaled, _) = _forms("gesummv", 16, 1, 4, "f32")
     assert not _temporaries(fused)
     t0, t1 = _temporaries(scaled)
     assert (t0.rows, t0.cols) == (t1.rows, t1.cols) == (4, 1)
@@ -117,6 +117,44 @@ def test_gesummv_scales_x_once_and_sums_in_one_chain():
     assert {r.operand for r in ix.reads(make1.body)} == {"beta", "x"}
     assert isinstance(use.body, ix.Sum), "the two products' sums are merged into one"
     assert {r.operand for r in ix.reads(use.body)} == {"A", "B", t0.name, t1.name}
+
+
+def test_gesummv_scales_x_in_place_in_a_form_of_its_own():
+    """The last form of alpha*A*x + beta*B*x moves both scalars onto x inside the sums,
+    with no temporary (``scalars_inside``); it comes after the others, which a tie goes
+    to."""
+    _, _, _, all_forms = _forms("gesummv", 16, 1, 4, "f32")
+    inside = all_forms[-1]
+    assert not _temporaries(inside) and inside not in all_forms[:-1]
+    body = inside.ops[0].body
+    assert isinstance(body, ix.Add)
+    first, second = body.a, body.b
+    for total, matrix, scalar in ((first, "A", "alpha"), (second, "B", "beta")):
+        assert isinstance(total, ix.Sum)
+        term = total.body
+        assert term.a == ix.Read(matrix, ("i", total.index))
+        assert term.b == ix.Mul(ix.Read(scalar, (0, 0)), ix.Read("x", (total.index, 0)))
+
+
+@pytest.mark.parametrize(("source", "decls", "inside"), [
+    ("y = alpha*A*x + beta*B*x", dict(alpha=S(), beta=S(), A=M(5, 3), B=M(5, 3), x=V(3),
+                                      y=V(5)), True),
+    ("y = alpha*A*x - beta*(B*x)", dict(alpha=S(), beta=S(), A=M(5, 3), B=M(5, 3),
+                                        x=V(3), y=V(5)), True),
+    ("y = alpha*(A*x + B*x)", dict(alpha=S(), A=M(5, 3), B=M(5, 3), x=V(3), y=V(5)), False),
+    ("y = alpha*A*x + beta*y", dict(alpha=S(), beta=S(), A=M(5, 3), x=V(3), y=V(5)), False),
+    ("C = alpha*A*B + beta*C", dict(alpha=S(), beta=S(), A=M(5, 3), B=M(3, 4),
+                                    C=M(5, 4)), False),
+    ("y = A*x + B*x", dict(A=M(5, 3), B=M(5, 3), x=V(3), y=V(5)), False),
+])
+def test_which_programs_scale_in_place(source, decls, inside):
+    """Only a sum of two or more scaled products gets the form (one saves too little to
+    model another form)."""
+    from blacc.transform.index_notation import scalars_inside, to_indexed
+
+    typed = _typed(source, decls)
+    assert (scalars_inside(to_indexed(typed)) is not None) == inside
+    assert (scalars_inside(to_indexed(typed)) in forms(typed)) == inside
 
 
 @pytest.mark.parametrize(("source", "decls", "scaled"), [
