@@ -56,12 +56,13 @@ def test_siblings_are_outermost_sums_over_one_index_and_extent():
 
 @pytest.mark.parametrize("dtype", ["f32", "f64"])
 def test_sibling_sums_share_one_loop_and_the_loads_of_x(dtype):
-    """y = alpha*A*x + beta*B*x, A and B 4 x 64, in one block of four rows: one loop over
-    k, its body one load of x per vector and one of A and of B per row."""
+    """y = alpha*A*x + beta*B*x, A and B 4 x 64, fused, in one block of four rows: one
+    loop over k, its body one load of x per vector and one of A and of B per row."""
     lanes = AVX2.lanes(dtype)
     decls = _gesummv(4, 64, dtype)
     p = plan("y = alpha*A*x + beta*B*x", target="avx2", **decls)
-    module = build_module(p.indexed, p.specs, (OpSchedule("k1", (4, 1)),), AVX2, "g")
+    fused = forms(p.typed)[0]  # alpha and beta outside the sums
+    module = build_module(fused, p.specs, (OpSchedule("k1", (4, 1)),), AVX2, "g")
     (loop,) = nodes_of(module.function("g").body, k.For)
     loads = nodes_of(loop.body, k.Load)
     per_vector = {buf: sum(e.buf == buf for e in loads) for buf in "ABx"}

@@ -598,11 +598,11 @@ def test_a_sum_ends_in_accumulators_it_has():
 def test_planner_sums_each_gesummv_row_once(dtype):
     """y = alpha*A*x + beta*B*x, 16 x 4: one transpose-and-add per vector of rows stored,
     not two, in every index form (fused: one_sum joins the two sums; x scaled once: one
-    merged sum)."""
+    merged sum; the scalars on x in place: one_sum joins them)."""
     decls = PROGRAMS[2][1](16, 4, dtype)
     p = plan(PROGRAMS[2][0], target="avx2", **decls)
     all_forms = forms(p.typed)
-    assert len(all_forms) == 2 and p.indexed in all_forms
+    assert len(all_forms) == 3 and p.indexed in all_forms
     for form in all_forms:
         module = build_module(form, p.specs, choose(form, p.specs, AVX2), AVX2, "pk")
         stores_of_y = [s for s in nodes_of(module, k.Store) if s.buf == "y"]
