@@ -141,6 +141,11 @@ def test_gesummv_scales_x_in_place_in_a_form_of_its_own():
                                       y=V(5)), True),
     ("y = alpha*A*x - beta*(B*x)", dict(alpha=S(), beta=S(), A=M(5, 3), B=M(5, 3),
                                         x=V(3), y=V(5)), True),
+    ("y = alpha*A*x + beta*B*x", dict(alpha=S(), beta=S(), A=M(5, 5), B=M(5, 5), x=V(5),
+                                      y=V(5)), True),
+    # x longer than y: scaled in every step of the sums, it costs more than it saves
+    ("y = alpha*A*x + beta*B*x", dict(alpha=S(), beta=S(), A=M(5, 6), B=M(5, 6), x=V(6),
+                                      y=V(5)), False),
     ("y = alpha*(A*x + B*x)", dict(alpha=S(), A=M(5, 3), B=M(5, 3), x=V(3), y=V(5)), False),
     ("y = alpha*A*x + beta*y", dict(alpha=S(), beta=S(), A=M(5, 3), x=V(3), y=V(5)), False),
     ("C = alpha*A*B + beta*C", dict(alpha=S(), beta=S(), A=M(5, 3), B=M(3, 4),
@@ -149,7 +154,8 @@ def test_gesummv_scales_x_in_place_in_a_form_of_its_own():
 ])
 def test_which_programs_scale_in_place(source, decls, inside):
     """Only a sum of two or more scaled products gets the form (one saves too little to
-    model another form)."""
+    model another form), and only where the operand scaled is no larger than the
+    result."""
     from blacc.transform.index_notation import scalars_inside, to_indexed
 
     typed = _typed(source, decls)

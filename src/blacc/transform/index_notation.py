@@ -20,6 +20,7 @@ are the only temporaries made.
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 
@@ -306,28 +307,40 @@ def scalars_inside(program: ix.Program) -> ix.Program | None:
     scaled operand in a temporary instead). y = alpha*A*x + beta*B*x, 8 x 8 f32, ran 5.2
     -> 4.2 ns a call with it (a Xeon, CPU model 167, LGen's harness)."""
     moved = [0]
-    ops = tuple(ix.Op(op.out, op.dims, _scalars_into(op.body, moved)) for op in program.ops)
-    return replace(program, ops=ops) if moved[0] >= 2 else None
+    ops = []
+    for op in program.ops:
+        out = program.operand(op.out)
+        extents = dict(zip(op.dims, (out.rows, out.cols), strict=True))
+        ops.append(ix.Op(op.out, op.dims, _scalars_into(op.body, extents, moved)))
+    return replace(program, ops=tuple(ops)) if moved[0] >= 2 else None
 
 
-def _scalars_into(n: ix.Node, moved: list[int]) -> ix.Node:
+def _scalars_into(n: ix.Node, extents: dict[str, int], moved: list[int]) -> ix.Node:
     """``s * sum_k a(k)*b(k)`` -> ``sum_k a(k)*(s*b(k))`` for a scalar factor ``s`` (no
-    index, no sum) and a right operand ``b`` without sums, outside any sum; ``moved``
-    counts them."""
+    index, no sum) and a right operand ``b`` without sums, outside any sum, where ``b``
+    has no more elements than the result (``extents``: its dimensions), as for
+    ``scale_once``: y = alpha*A*x + beta*B*x with A 4 x 100 f32, x scaled in every
+    step of the sum, ran 0.89x on AVX2. ``moved`` counts them."""
     if isinstance(n, ix.Neg):
-        return ix.Neg(_scalars_into(n.x, moved))
+        return ix.Neg(_scalars_into(n.x, extents, moved))
     if isinstance(n, ix.Add):
-        return ix.Add(_scalars_into(n.a, moved), _scalars_into(n.b, moved))
+        return ix.Add(_scalars_into(n.a, extents, moved), _scalars_into(n.b, extents, moved))
     if isinstance(n, ix.Mul):
         s, rest = n.a, n.b
         if (isinstance(rest, ix.Sum) and isinstance(rest.body, ix.Mul)
                 and not ix.indices_used(s) and not ix.has_sum(s)
-                and not ix.has_sum(rest.body.b)):
+                and not ix.has_sum(term := rest.body.b)
+                and _elements(term, {**extents, rest.index: rest.extent})
+                <= math.prod(extents.values())):
             moved[0] += 1
-            term = rest.body
-            return ix.Sum(rest.index, rest.extent, ix.Mul(term.a, ix.Mul(s, term.b)))
-        return ix.Mul(_scalars_into(n.a, moved), _scalars_into(n.b, moved))
+            return ix.Sum(rest.index, rest.extent, ix.Mul(rest.body.a, ix.Mul(s, term)))
+        return ix.Mul(_scalars_into(n.a, extents, moved), _scalars_into(n.b, extents, moved))
     return n
+
+
+def _elements(n: ix.Node, extents: dict[str, int]) -> int:
+    """How many values ``n`` takes over the indices it uses."""
+    return math.prod(extents[i] for i in ix.indices_used(n))
 
 
 def to_indexed(program: t.TypedProgram, *, combine_once: bool = False,
