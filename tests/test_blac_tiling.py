@@ -647,9 +647,9 @@ def test_no_candidate_is_modelled_below_the_fewest_cycles(isa, dtype, dims):
     intel = small.core_for(Machine(name="Xeon", arch="x86_64", features=frozenset(),
                                    cores=2, vendor="GenuineIntel", family=6), isa)
     for name in PROGRAMS:
-        decls = decls_of(name, dims, dtype)
-        for form in forms(blacs._typed(PROGRAMS[name][0], decls)):
-            specs = blacs.arg_specs(blacs._typed(PROGRAMS[name][0], decls))
+        typed = blacs._typed(PROGRAMS[name][0], decls_of(name, dims, dtype))
+        specs = blacs.arg_specs(typed)
+        for form in forms(typed):
             for op in form.ops:
                 single = replace(form, ops=(op,))
                 floor = small.fewest_cycles([single], isa)
@@ -663,8 +663,7 @@ def test_no_candidate_is_modelled_below_the_fewest_cycles(isa, dtype, dims):
                                    {"datapath": 256}):
                         assert small.model_cost(module, need, isa, **kwargs) >= floor, (
                             name, op.out, sched, kwargs)
-            chosen = blacs._model_plan(blacs._typed(PROGRAMS[name][0], decls), specs, isa,
-                                       (form,), "probe")
+            chosen = blacs._model_plan(typed, specs, isa, (form,), "probe")
             assert (small.program_cost(chosen.module, form, chosen.schedule, isa)
                     >= small.fewest_cycles([form], isa))
 
