@@ -1261,10 +1261,13 @@ def options(program: ix.Program, specs: tuple[ArgSpec, ...], isa: Isa,
         found: list[tuple[float, OpSchedule]] = []
         built: set[k.Module] = set()  # kernels modelled, where they may repeat
         one_lane = isa.lanes(program.dtype) == 1
-        cands = sorted(candidates(program, op, isa),
-                       key=lambda s: _lower_bound(program, op, s, isa))
-        for sched in cands:
-            if len(found) >= keep and _lower_bound(program, op, sched, isa) >= found[-1][0]:
+        ranked = sorted(((_lower_bound(program, op, s, isa), s)
+                         for s in candidates(program, op, isa)), key=lambda bs: bs[0])
+        for bound, sched in ranked:
+            # one costing at least the last kept is dropped below, whatever it costs: it
+            # is not built when its bound says so, and its modelling may stop there
+            worst = found[-1][0] if len(found) >= keep else None
+            if worst is not None and bound >= worst:
                 continue
             try:
                 module = build_module(single, specs, (sched,), isa, "probe")
@@ -1278,9 +1281,6 @@ def options(program: ix.Program, specs: tuple[ArgSpec, ...], isa: Isa,
                     continue
                 built.add(module)
             need = _registers(single, op, sched, module, isa)
-            # one costing at least the last kept is dropped below, whatever it costs: its
-            # modelling may stop there (most of a mid-size product's candidates)
-            worst = found[-1][0] if len(found) >= keep else None
             found.append((model_cost(module, need, isa, core=core, above=worst), sched))
             found.sort(key=lambda o: o[0])
             del found[keep:]
