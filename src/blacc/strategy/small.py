@@ -130,6 +130,9 @@ class Core:
     #: is hoisted out of a short loop, inside another, that the C compiler unrolls
     #: (``_unrolled_hoists``)
     hoisted_splat: float = 0.0
+    #: whether an output read and written in a band of sizes is updated in blocks of one
+    #: row only (``_many_rows_read_back``)
+    one_row_read_back: bool = False
 
 
 def _core(core: Core | None) -> Core:
@@ -170,7 +173,8 @@ def core_for(machine: Machine, isa: Isa) -> Core:
     fp_and_shuffle = (INTEL_WIDE_FP_AND_SHUFFLE_PIPES if isa.mask_registers
                       else FP_AND_SHUFFLE_PIPES)
     return Core(INTEL_SHUFFLE_PIPES, fp_and_shuffle, INTEL_BROADCAST_FP, INTEL_PAIR_SHUFFLE,
-                bool(INTEL_OVERLAP_BY_FP), INTEL_REDUCE_SHUFFLE)
+                bool(INTEL_OVERLAP_BY_FP), INTEL_REDUCE_SHUFFLE,
+                one_row_read_back=machine.one_row_blocks_read_back)
 
 
 #: ``core_for`` on Intel's cores. Over the pools of LGen's 510 cases on a Xeon (every
@@ -1262,7 +1266,9 @@ def options(program: ix.Program, specs: tuple[ArgSpec, ...], isa: Isa,
         built: set[k.Module] = set()  # kernels modelled, where they may repeat
         one_lane = isa.lanes(program.dtype) == 1
         ranked = sorted(((_lower_bound(program, op, s, isa), s)
-                         for s in candidates(program, op, isa)), key=lambda bs: bs[0])
+                         for s in candidates(program, op, isa)
+                         if not _many_rows_read_back(program, op, s, core)),
+                        key=lambda bs: bs[0])
         for bound, sched in ranked:
             # one costing at least the last kept is dropped below, whatever it costs: it
             # is not built when its bound says so, and its modelling may stop there
@@ -1288,6 +1294,36 @@ def options(program: ix.Program, specs: tuple[ArgSpec, ...], isa: Isa,
             raise ScheduleError(f"no schedule can compute {op.out}")
         result.append(found)
     return result
+
+
+#: The band of sizes, in multiples of ``L1_BYTES``, of an output read and written in
+#: which a core with ``Core.one_row_read_back`` updates it one row at a time. On a Xeon of
+#: CPU model 167 (LGen's harness, AVX-512, the model's blocks against one-row blocks of 2
+#: and 3 vectors): C = alpha*A*B + beta*C n x 4 x n f32, n = 64, 80, 100 (0.33, 0.52, 0.81
+#: L1), 218 -> 206, 393 -> 338, 867 -> 661 ns a call; f64 n = 64 (0.67 L1) 501 -> 460;
+#: C = alpha*(A0 + A1)'*B + beta*C, f32 n = 80, 100, 377 -> 320, 772 -> 620. The model
+#: prices the blocks of 4 rows below one-row blocks, by the loads of B they share; it does
+#: not see the rows of C they read and write at once. Beyond L1 (f64 n = 80, 100) one row
+#: ran as fast (945 -> 953-966, 1585 -> 1590-1626), and smaller outputs (f32 n = 48)
+#: alike; an output only written is not in it (C = A*B f64 n = 80, 100 ran 0.75-0.77x in
+#: one-row blocks, its rows prefetched for writing).
+READ_BACK_ROWS = (0.3, 1.0)
+
+
+def _many_rows_read_back(program: ix.Program, op: ix.Op, sched: OpSchedule,
+                         core: Core | None) -> bool:
+    """Whether ``sched`` updates more than one row at a time of an output that ``op``
+    also reads and that fills ``READ_BACK_ROWS`` of L1, on a core that takes one-row
+    blocks there (``Core.one_row_read_back``): such schedules are not candidates."""
+    if not _core(core).one_row_read_back or sched.block[0] == 1:
+        return False
+    if len(op.dims) != 2 or sched.vector != op.dims[1]:
+        return False
+    out = program.operand(op.out)
+    if out.temporary or not any(r.operand == op.out for r in ix.reads(op.body)):
+        return False
+    low, high = READ_BACK_ROWS
+    return low * L1_BYTES < out.rows * out.cols * itemsize(program.dtype) <= high * L1_BYTES
 
 
 def modelled_forms(forms: Sequence[ix.Program], specs: tuple[ArgSpec, ...], isa: Isa,

@@ -89,6 +89,13 @@ class Machine:
         return self.vendor != "AuthenticAMD"
 
     @property
+    def one_row_blocks_read_back(self) -> bool:
+        """Whether blocks of one row update an output read and written (``beta*C``) that
+        fills a third of L1 to all of it (``strategy.small.READ_BACK_ROWS``). Measured on
+        a Xeon of CPU model 167 only (``strategy.small._many_rows_read_back``)."""
+        return self.vendor == "GenuineIntel" and self.family == 6 and self.model == 167
+
+    @property
     def straight_rows_near_l1(self) -> bool:
         """Whether blocks of rows store into an output that is only written in
         straight-line code, not in a loop along the row, where the call's operands about
