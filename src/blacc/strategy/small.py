@@ -1305,8 +1305,10 @@ def options(program: ix.Program, specs: tuple[ArgSpec, ...], isa: Isa,
 #: prices the blocks of 4 rows below one-row blocks, by the loads of B they share; it does
 #: not see the rows of C they read and write at once. Beyond L1 (f64 n = 80, 100) one row
 #: ran as fast (945 -> 953-966, 1585 -> 1590-1626), and smaller outputs (f32 n = 48)
-#: alike; an output only written is not in it (C = A*B f64 n = 80, 100 ran 0.75-0.77x in
-#: one-row blocks, its rows prefetched for writing).
+#: alike. An output only written is left out: in the band one-row blocks of 2 or 3
+#: vectors ran as fast or faster (C = A*B f32 n = 100, 644 -> 559), but the model takes
+#: 1 x 4 there, whose rows of B are reloaded after a barrier each row (972 ns); beyond
+#: L1 they ran 0.75-0.77x (f64 n = 80, 100, rows prefetched for writing).
 READ_BACK_ROWS = (0.3, 1.0)
 
 
