@@ -131,7 +131,7 @@ class Core:
     #: (``_unrolled_hoists``)
     hoisted_splat: float = 0.0
     #: whether an output read and written in a band of sizes is updated in blocks of one
-    #: row only (``_many_rows_read_back``)
+    #: row only (``_reads_back_near_l1``)
     one_row_read_back: bool = False
 
 
@@ -1265,9 +1265,10 @@ def options(program: ix.Program, specs: tuple[ArgSpec, ...], isa: Isa,
         found: list[tuple[float, OpSchedule]] = []
         built: set[k.Module] = set()  # kernels modelled, where they may repeat
         one_lane = isa.lanes(program.dtype) == 1
+        one_row = _reads_back_near_l1(program, op, core)
         ranked = sorted(((_lower_bound(program, op, s, isa), s)
                          for s in candidates(program, op, isa)
-                         if not _many_rows_read_back(program, op, s, core)),
+                         if not (one_row and s.vector == op.dims[1] and s.block[0] > 1)),
                         key=lambda bs: bs[0])
         for bound, sched in ranked:
             # one costing at least the last kept is dropped below, whatever it costs: it
@@ -1312,14 +1313,11 @@ def options(program: ix.Program, specs: tuple[ArgSpec, ...], isa: Isa,
 READ_BACK_ROWS = (0.3, 1.0)
 
 
-def _many_rows_read_back(program: ix.Program, op: ix.Op, sched: OpSchedule,
-                         core: Core | None) -> bool:
-    """Whether ``sched`` updates more than one row at a time of an output that ``op``
-    also reads and that fills ``READ_BACK_ROWS`` of L1, on a core that takes one-row
-    blocks there (``Core.one_row_read_back``): such schedules are not candidates."""
-    if not _core(core).one_row_read_back or sched.block[0] == 1:
-        return False
-    if len(op.dims) != 2 or sched.vector != op.dims[1]:
+def _reads_back_near_l1(program: ix.Program, op: ix.Op, core: Core | None) -> bool:
+    """Whether ``op`` also reads its output, which fills ``READ_BACK_ROWS`` of L1, on a core
+    that updates such outputs one row at a time (``Core.one_row_read_back``): then blocks
+    of more than one row along the output's rows are not candidates (``options``)."""
+    if not _core(core).one_row_read_back or len(op.dims) != 2:
         return False
     out = program.operand(op.out)
     if out.temporary or not any(r.operand == op.out for r in ix.reads(op.body)):

@@ -92,8 +92,8 @@ class Machine:
     def one_row_blocks_read_back(self) -> bool:
         """Whether blocks of one row update an output read and written (``beta*C``) that
         fills a third of L1 to all of it (``strategy.small.READ_BACK_ROWS``). Measured on
-        a Xeon of CPU model 167 only (``strategy.small._many_rows_read_back``)."""
-        return self.vendor == "GenuineIntel" and self.family == 6 and self.model == 167
+        a Xeon of CPU model 167 only (``strategy.small._reads_back_near_l1``)."""
+        return self._cpu_model_167
 
     @property
     def straight_rows_near_l1(self) -> bool:
@@ -103,6 +103,11 @@ class Machine:
         C = A*B n x 4 x n, 13 sizes, both dtypes) the planned kernels in that band ran
         1.00-1.43x as fast so; below and above it straight-line code ran 0.68-1.0x as
         fast as the loop. Measured on that core only."""
+        return self._cpu_model_167
+
+    @property
+    def _cpu_model_167(self) -> bool:
+        """The one core some rules were measured on (an Intel Xeon of CPU model 167)."""
         return self.vendor == "GenuineIntel" and self.family == 6 and self.model == 167
 
     def cache(self, level: int) -> CacheLevel | None:
