@@ -130,9 +130,9 @@ class Core:
     #: is hoisted out of a short loop, inside another, that the C compiler unrolls
     #: (``_unrolled_hoists``)
     hoisted_splat: float = 0.0
-    #: whether an output read and written in a band of sizes is updated in blocks of one
-    #: row only (``_reads_back_near_l1``)
-    one_row_read_back: bool = False
+    #: whether an output in a band of sizes is computed in blocks of one row only
+    #: (``_one_row_near_l1``)
+    one_row_near_l1: bool = False
 
 
 def _core(core: Core | None) -> Core:
@@ -174,7 +174,7 @@ def core_for(machine: Machine, isa: Isa) -> Core:
                       else FP_AND_SHUFFLE_PIPES)
     return Core(INTEL_SHUFFLE_PIPES, fp_and_shuffle, INTEL_BROADCAST_FP, INTEL_PAIR_SHUFFLE,
                 bool(INTEL_OVERLAP_BY_FP), INTEL_REDUCE_SHUFFLE,
-                one_row_read_back=machine.one_row_blocks_read_back)
+                one_row_near_l1=machine.one_row_blocks_near_l1)
 
 
 #: ``core_for`` on Intel's cores. Over the pools of LGen's 510 cases on a Xeon (every
@@ -1265,7 +1265,7 @@ def options(program: ix.Program, specs: tuple[ArgSpec, ...], isa: Isa,
         found: list[tuple[float, OpSchedule]] = []
         built: set[k.Module] = set()  # kernels modelled, where they may repeat
         one_lane = isa.lanes(program.dtype) == 1
-        one_row = _reads_back_near_l1(program, op, core)
+        one_row = _one_row_near_l1(program, op, core)
         ranked = sorted(((_lower_bound(program, op, s, isa), s)
                          for s in candidates(program, op, isa)
                          if not (one_row and s.vector == op.dims[1] and s.block[0] > 1)),
@@ -1280,6 +1280,8 @@ def options(program: ix.Program, specs: tuple[ArgSpec, ...], isa: Isa,
                 module = build_module(single, specs, (sched,), isa, "probe")
             except ScheduleError:
                 continue
+            if one_row and nodes_of(module.function(module.entry).body, k.Barrier):
+                continue  # rows of B reloaded each row (``_one_row_near_l1``)
             if one_lane:
                 # on the generic target lanes along a row are one wide: such a schedule
                 # is a scalar one again, modelled already, which it would rank just
@@ -1297,32 +1299,37 @@ def options(program: ix.Program, specs: tuple[ArgSpec, ...], isa: Isa,
     return result
 
 
-#: The band of sizes, in multiples of ``L1_BYTES``, of an output read and written in
-#: which a core with ``Core.one_row_read_back`` updates it one row at a time. On a Xeon of
-#: CPU model 167 (LGen's harness, AVX-512, the model's blocks against one-row blocks of 2
-#: and 3 vectors): C = alpha*A*B + beta*C n x 4 x n f32, n = 64, 80, 100 (0.33, 0.52, 0.81
-#: L1), 218 -> 206, 393 -> 338, 867 -> 661 ns a call; f64 n = 64 (0.67 L1) 501 -> 460;
-#: C = alpha*(A0 + A1)'*B + beta*C, f32 n = 80, 100, 377 -> 320, 772 -> 620. The model
-#: prices the blocks of 4 rows below one-row blocks, by the loads of B they share; it does
-#: not see the rows of C they read and write at once. Beyond L1 (f64 n = 80, 100) one row
-#: ran as fast (945 -> 953-966, 1585 -> 1590-1626), and smaller outputs (f32 n = 48)
-#: alike. An output only written is left out: in the band one-row blocks of 2 or 3
-#: vectors ran as fast or faster (C = A*B f32 n = 100, 644 -> 559), but the model takes
-#: 1 x 4 there, whose rows of B are reloaded after a barrier each row (972 ns); beyond
-#: L1 they ran 0.75-0.77x (f64 n = 80, 100, rows prefetched for writing).
-READ_BACK_ROWS = (0.3, 1.0)
+#: The band of sizes, in multiples of ``L1_BYTES``, of an output in which a core with
+#: ``Core.one_row_near_l1`` computes it one row at a time. On a Xeon of CPU model 167
+#: (LGen's harness, AVX-512, the model's blocks against one-row blocks of 2 and 3
+#: vectors): C = alpha*A*B + beta*C n x 4 x n f32, n = 64, 80, 100 (0.33, 0.52, 0.81 L1),
+#: 218 -> 206, 393 -> 338, 867 -> 661 ns a call; f64 n = 64 (0.67 L1) 501 -> 460;
+#: C = alpha*(A0 + A1)'*B + beta*C, f32 n = 80, 100, 377 -> 320, 772 -> 620; C = A*B
+#: (only written) f32 n = 100 590 -> 519 (1 x 3), f64 n = 64 375 -> 347. The model
+#: prices the blocks of 4 rows below one-row blocks, by the loads of B they share; it
+#: does not see the rows of C they write at once. Beyond L1 (f64 n = 80, 100) one row
+#: ran as fast when C is read back (945 -> 953-966, 1585 -> 1590-1626) and 0.75-0.77x
+#: when only written (rows prefetched for writing); smaller outputs (f32 n = 48) alike.
+ONE_ROW_BAND = (0.3, 1.0)
 
 
-def _reads_back_near_l1(program: ix.Program, op: ix.Op, core: Core | None) -> bool:
-    """Whether ``op`` also reads its output, which fills ``READ_BACK_ROWS`` of L1, on a core
-    that updates such outputs one row at a time (``Core.one_row_read_back``): then blocks
-    of more than one row along the output's rows are not candidates (``options``)."""
-    if not _core(core).one_row_read_back or len(op.dims) != 2:
+def _one_row_near_l1(program: ix.Program, op: ix.Op, core: Core | None) -> bool:
+    """Whether ``op`` computes an output that no other operation reads (read back by
+    ``op`` itself or only written; not a temporary), which fills ``ONE_ROW_BAND`` of L1,
+    on a core that computes such outputs one row at a time (``Core.one_row_near_l1``).
+    Then blocks of more than one row along the output's rows are not candidates, nor
+    one-row blocks whose code reloads rows of B after a barrier (``k.Barrier``,
+    ``options``): a row a step gains by keeping the rows of B its columns need in
+    registers across the rows. Reloaded each row, they ran slower than the blocks of 4
+    rows: C = A*B 100 x 4 x 100 f32 in 1 x 4 blocks 908 ns a call against 590 (1 x 3:
+    519), 64 x 4 x 64 f64 in 1 x 8 491 against 375 (1 x 3: 347)."""
+    if not _core(core).one_row_near_l1 or len(op.dims) != 2:
         return False
     out = program.operand(op.out)
-    if out.temporary or not any(r.operand == op.out for r in ix.reads(op.body)):
+    if out.temporary or any(r.operand == op.out for o in program.ops if o is not op
+                            for r in ix.reads(o.body)):
         return False
-    low, high = READ_BACK_ROWS
+    low, high = ONE_ROW_BAND
     return low * L1_BYTES < out.rows * out.cols * itemsize(program.dtype) <= high * L1_BYTES
 
 

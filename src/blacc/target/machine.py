@@ -89,10 +89,10 @@ class Machine:
         return self.vendor != "AuthenticAMD"
 
     @property
-    def one_row_blocks_read_back(self) -> bool:
-        """Whether blocks of one row update an output read and written (``beta*C``) that
-        fills a third of L1 to all of it (``strategy.small.READ_BACK_ROWS``). Measured on
-        a Xeon of CPU model 167 only (``strategy.small._reads_back_near_l1``)."""
+    def one_row_blocks_near_l1(self) -> bool:
+        """Whether blocks of one row compute an output (read back, ``beta*C``, or only
+        written) that fills a third of L1 to all of it (``strategy.small.ONE_ROW_BAND``).
+        Measured on a Xeon of CPU model 167 only (``strategy.small._one_row_near_l1``)."""
         return self._cpu_model_167
 
     @property
