@@ -881,8 +881,9 @@ def test_outputs_near_l1_are_computed_one_row_at_a_time_on_cpu_model_167():
         assert len(rows(source, 100, "f32", other)) > 1
         assert len(rows(source, 48, "f32", xeon)) > 1  # 0.19 L1
         assert len(rows(source, 80, "f64", xeon)) > 1  # 1.04 L1
-    # one row of 4 vectors (f32 n = 100) or 8 (f64 n = 64) keeps 28 and 32 rows of B
-    # across the rows: more than the registers left, so reloaded after a barrier
+    # one-row blocks of 4 vectors (f32 n = 100, with 3 left over) or 8 (f64 n = 64) keep
+    # 28 and 32 vectors of B across the rows: more than the registers left, so they are
+    # reloaded after a barrier
     only = blocks("C = A*B", 100, "f32", xeon)
     assert (1, 3) in only and (1, 4) not in only
     assert (1, 4) in blocks("C = A*B", 100, "f32", other)
