@@ -850,21 +850,24 @@ def test_outputs_near_l1_are_computed_one_row_at_a_time_on_cpu_model_167():
     and written (``beta*C``) or only written, is computed in blocks of one row
     (``ONE_ROW_BAND``): C = alpha*A*B + beta*C 100 x 4 x 100 f32 ran 867 ns a call in the
     model's blocks of 4 rows, 661 in one-row blocks; C = A*B the same size 590 and 519.
-    One-row blocks that reload rows of B after a barrier each row are left out (C = A*B
-    100 x 4 x 100 f32 in 1 x 4 blocks 908 ns). Outside the band and on other cores the
-    blocks are as before."""
+    Only one-row blocks that load the rows of B once for all the rows count
+    (``_keeps_rows_of_b``): 1 x 4 there, reloading them after a barrier each row, ran
+    908 ns; where none does (longer rows of A) the blocks are as before. Outside the
+    band and on other cores too."""
     from blacc.transform.index_notation import arg_specs, forms
 
     xeon = replace(_machine(*AVX512_FLAGS), vendor="GenuineIntel", family=6, model=167)
     other = replace(xeon, model=143)
     assert small.core_for(xeon, AVX512).one_row_near_l1
+    assert small.core_for(xeon, AVX512).straight_rows_near_l1
     assert not small.core_for(other, AVX512).one_row_near_l1
     zen4 = replace(_machine(*AVX512_FLAGS), vendor="AuthenticAMD", family=25)
     assert not small.core_for(zen4, AVX512).one_row_near_l1
 
-    def blocks(source: str, n: int, dtype: str, machine: Machine) -> set[tuple[int, int]]:
+    def blocks(source: str, n: int, dtype: str, machine: Machine,
+               k: int = 4) -> set[tuple[int, int]]:
         decls = {"alpha": blacc.Scalar(dtype), "beta": blacc.Scalar(dtype),
-                 "A": blacc.Matrix(n, 4, dtype), "B": blacc.Matrix(4, n, dtype),
+                 "A": blacc.Matrix(n, k, dtype), "B": blacc.Matrix(k, n, dtype),
                  "C": blacc.Matrix(n, n, dtype)}
         typed = blacc.blacs._typed(source, decls)
         form = forms(typed)[0]
@@ -872,8 +875,8 @@ def test_outputs_near_l1_are_computed_one_row_at_a_time_on_cpu_model_167():
                                   core=small.core_for(machine, AVX512))
         return {s.block for _, s in ranked if s.vector == form.ops[0].dims[1]}
 
-    def rows(source: str, n: int, dtype: str, machine: Machine) -> set[int]:
-        return {r for r, _ in blocks(source, n, dtype, machine)}
+    def rows(source: str, n: int, dtype: str, machine: Machine, k: int = 4) -> set[int]:
+        return {r for r, _ in blocks(source, n, dtype, machine, k)}
 
     for source in ("C = alpha*A*B + beta*C", "C = A*B"):
         assert rows(source, 100, "f32", xeon) == {1}
@@ -881,10 +884,16 @@ def test_outputs_near_l1_are_computed_one_row_at_a_time_on_cpu_model_167():
         assert len(rows(source, 100, "f32", other)) > 1
         assert len(rows(source, 48, "f32", xeon)) > 1  # 0.19 L1
         assert len(rows(source, 80, "f64", xeon)) > 1  # 1.04 L1
-    # one-row blocks of 4 vectors (f32 n = 100, with 3 left over) or 8 (f64 n = 64) keep
-    # 28 and 32 vectors of B across the rows: more than the registers left, so they are
-    # reloaded after a barrier
+    # one-row blocks of 4 vectors (f32 n = 100, with 3 left over) or 8 (f64 n = 64)
+    # take 28 and 32 vectors of B across the rows, more than their blocks leave of the
+    # registers: reloaded after a barrier each row, they are left out
     only = blocks("C = A*B", 100, "f32", xeon)
     assert (1, 3) in only and (1, 4) not in only
     assert (1, 4) in blocks("C = A*B", 100, "f32", other)
     assert (1, 8) not in blocks("C = A*B", 64, "f64", xeon)
+    # B of 8 rows: one row at a time at n = 64 (32 vectors of B a row); at n = 100 every
+    # one-row block reloads B each row (its rows in straight lines), and B of 32 rows at
+    # n = 64 is 128 vectors a row, 4 register files: the taller blocks
+    assert rows("C = A*B", 64, "f32", xeon, k=8) == {1}
+    assert len(rows("C = A*B", 100, "f32", xeon, k=8)) > 1
+    assert len(rows("C = A*B", 64, "f32", xeon, k=32)) > 1

@@ -133,6 +133,10 @@ class Core:
     #: whether an output in a band of sizes is computed in blocks of one row only
     #: (``_one_row_near_l1``)
     one_row_near_l1: bool = False
+    #: whether the kernels emitted write an output only written, by operands that about
+    #: fill L1, in straight-line rows (``build_module``'s ``straight_near_l1``); asked
+    #: only of one-row blocks (``_keeps_rows_of_b``)
+    straight_rows_near_l1: bool = False
 
 
 def _core(core: Core | None) -> Core:
@@ -174,7 +178,8 @@ def core_for(machine: Machine, isa: Isa) -> Core:
                       else FP_AND_SHUFFLE_PIPES)
     return Core(INTEL_SHUFFLE_PIPES, fp_and_shuffle, INTEL_BROADCAST_FP, INTEL_PAIR_SHUFFLE,
                 bool(INTEL_OVERLAP_BY_FP), INTEL_REDUCE_SHUFFLE,
-                one_row_near_l1=machine.one_row_blocks_near_l1)
+                one_row_near_l1=machine.one_row_blocks_near_l1,
+                straight_rows_near_l1=machine.straight_rows_near_l1)
 
 
 #: ``core_for`` on Intel's cores. Over the pools of LGen's 510 cases on a Xeon (every
@@ -1261,42 +1266,57 @@ def options(program: ix.Program, specs: tuple[ArgSpec, ...], isa: Isa,
     ``core``: the pipes modelled (``core_for``; None: the model's constants)."""
     result = []
     for op in program.ops:
-        single = ix.Program(program.operands, (op,), program.dtype)
-        found: list[tuple[float, OpSchedule]] = []
-        built: set[k.Module] = set()  # kernels modelled, where they may repeat
-        one_lane = isa.lanes(program.dtype) == 1
-        one_row = _one_row_near_l1(program, op, core)
-        ranked = sorted(((_lower_bound(program, op, s, isa), s)
-                         for s in candidates(program, op, isa)
-                         if not (one_row and s.vector == op.dims[1] and s.block[0] > 1)),
-                        key=lambda bs: bs[0])
-        for bound, sched in ranked:
-            # one costing at least the last kept is dropped below, whatever it costs: it
-            # is not built when its bound says so, and its modelling may stop there
-            worst = found[-1][0] if len(found) >= keep else None
-            if worst is not None and bound >= worst:
-                continue
-            try:
-                module = build_module(single, specs, (sched,), isa, "probe")
-            except ScheduleError:
-                continue
-            if one_row and nodes_of(module.function(module.entry).body, k.Barrier):
-                continue  # rows of B reloaded each row (``_one_row_near_l1``)
-            if one_lane:
-                # on the generic target lanes along a row are one wide: such a schedule
-                # is a scalar one again, modelled already, which it would rank just
-                # after (C = alpha*(A0 + A1)'*B + beta*C 16 x 4 x 16 f64: 29 of its 58)
-                if module in built:
-                    continue
-                built.add(module)
-            need = _registers(single, op, sched, module, isa)
-            found.append((model_cost(module, need, isa, core=core, above=worst), sched))
-            found.sort(key=lambda o: o[0])
-            del found[keep:]
+        found = None
+        if _one_row_near_l1(program, op, core):
+            found = _best_modelled(program, op, specs, isa, keep, core, one_row=True)
+            if not any(s.vector == op.dims[1] for _, s in found):
+                found = None  # no one-row block keeps B's rows: the rule does not apply
+        if found is None:
+            found = _best_modelled(program, op, specs, isa, keep, core, one_row=False)
         if not found:
             raise ScheduleError(f"no schedule can compute {op.out}")
         result.append(found)
     return result
+
+
+def _best_modelled(program: ix.Program, op: ix.Op, specs: tuple[ArgSpec, ...], isa: Isa,
+                   keep: int, core: Core | None, one_row: bool
+                   ) -> list[tuple[float, OpSchedule]]:
+    """``options`` for one operation; ``one_row``: only one-row blocks along the output's
+    rows, and only those that keep the rows of B in registers (``_keeps_rows_of_b``)."""
+    single = ix.Program(program.operands, (op,), program.dtype)
+    found: list[tuple[float, OpSchedule]] = []
+    built: set[k.Module] = set()  # kernels modelled, where they may repeat
+    one_lane = isa.lanes(program.dtype) == 1
+    ranked = sorted(((_lower_bound(program, op, s, isa), s)
+                     for s in candidates(program, op, isa)
+                     if not (one_row and s.vector == op.dims[1] and s.block[0] > 1)),
+                    key=lambda bs: bs[0])
+    for bound, sched in ranked:
+        # one costing at least the last kept is dropped below, whatever it costs: it
+        # is not built when its bound says so, and its modelling may stop there
+        worst = found[-1][0] if len(found) >= keep else None
+        if worst is not None and bound >= worst:
+            continue
+        try:
+            module = build_module(single, specs, (sched,), isa, "probe")
+        except ScheduleError:
+            continue
+        if (one_row and sched.vector == op.dims[1]
+                and not _keeps_rows_of_b(single, specs, sched, isa, module, core)):
+            continue
+        if one_lane:
+            # on the generic target lanes along a row are one wide: such a schedule
+            # is a scalar one again, modelled already, which it would rank just
+            # after (C = alpha*(A0 + A1)'*B + beta*C 16 x 4 x 16 f64: 29 of its 58)
+            if module in built:
+                continue
+            built.add(module)
+        need = _registers(single, op, sched, module, isa)
+        found.append((model_cost(module, need, isa, core=core, above=worst), sched))
+        found.sort(key=lambda o: o[0])
+        del found[keep:]
+    return found
 
 
 #: The band of sizes, in multiples of ``L1_BYTES``, of an output in which a core with
@@ -1319,8 +1339,9 @@ def _one_row_near_l1(program: ix.Program, op: ix.Op, core: Core | None) -> bool:
     on a core that computes such outputs one row at a time (``Core.one_row_near_l1``).
     Then blocks of more than one row along the output's rows are not candidates, nor
     one-row blocks whose code reloads rows of B after a barrier (``k.Barrier``,
-    ``options``): a row a step gains by keeping the rows of B its columns need in
-    registers across the rows. Reloaded each row, they ran slower than the blocks of 4
+    ``options``; where no other one-row block is left along the rows, all blocks are):
+    a row a step gains by keeping the rows of B its columns need in registers across
+    the rows. Reloaded each row, they ran slower than the blocks of 4
     rows: C = A*B 100 x 4 x 100 f32 in 1 x 4 blocks 908 ns a call against 590 (1 x 3:
     519), 64 x 4 x 64 f64 in 1 x 8 491 against 375 (1 x 3: 347)."""
     if not _core(core).one_row_near_l1 or len(op.dims) != 2:
@@ -1331,6 +1352,51 @@ def _one_row_near_l1(program: ix.Program, op: ix.Op, core: Core | None) -> bool:
         return False
     low, high = ONE_ROW_BAND
     return low * L1_BYTES < out.rows * out.cols * itemsize(program.dtype) <= high * L1_BYTES
+
+
+#: How many vectors one-row blocks may load alike for every row (B's), in register
+#: files of the ISA, for the C compiler to keep in registers or reload (``_keeps_rows_of_b``).
+#: On a Xeon of CPU model 167 (C = A*B and C = alpha*A*B + beta*C n x K x n, one-row
+#: blocks against the model's taller blocks, built into LGen's harness), C = A*B: K = 4
+#: with 28 and 32 such vectors (n = 100 f32, 64 f64) 519 against 590 ns a call and 347
+#: against 375; K = 8 with 32, 40 and 48 (n = 64, 80 f32, 48 f64) 330 against 477, 544
+#: against 599, 420 against 489; K = 16 with 64 and 80 (n = 64, 80 f32) 809 against
+#: 883, 1411 against 1421, with 96 (48 f64) 964 against 940; K = 32 with 128 (64 f32)
+#: 2134-2249 against 1527. C = alpha*A*B + beta*C: K = 16 with 80 and 96 (80 f32, 48
+#: f64) 1454 against 1559, 1083 against 1148; K = 32 with 128 (64 f32) 2161 against 1523.
+ROWS_OF_B_KEPT = 3
+
+
+def _keeps_rows_of_b(program: ix.Program, specs: tuple[ArgSpec, ...], sched: OpSchedule,
+                     isa: Isa, module: k.Module, core: Core | None) -> bool:
+    """Whether the kernel of ``sched``, a block of one row, loads the vectors it needs
+    alike for every row (the rows of B) once for all the rows, for the C compiler to
+    keep: no barrier reloads them each row (``_reload_per_iteration``; C = A*B 100 x 4
+    x 100 f32 in 1 x 4 blocks ran 908 ns a call against 590 for the model's taller
+    blocks, 64 x 4 x 64 f64 in 1 x 8 491 against 375, 100 x 8 x 100 f32 in 1 x 3 1729
+    against 1209), and a row loads no more of them than ``ROWS_OF_B_KEPT`` register
+    files. Asked of the kernel as emitted (``module`` where it is the same): with rows
+    in straight lines (``Core.straight_rows_near_l1``) a row's loop holds all of the
+    row's columns."""
+    if _core(core).straight_rows_near_l1:
+        module = build_module(program, specs, (sched,), isa, "probe", straight_near_l1=True,
+                              shared_splats=_core(core).shared_splats)
+    body = module.function(module.entry).body
+    if nodes_of(body, k.Barrier):
+        return False
+    return all(_loads_alike_each_trip(loop) <= ROWS_OF_B_KEPT * isa.registers
+               for loop in body if isinstance(loop, k.For))
+
+
+def _loads_alike_each_trip(loop: k.For) -> int:
+    """The vector loads an iteration of ``loop`` makes whose addresses do not depend on
+    its counter, counted once per iteration of the loops within it."""
+    def count(stmts: tuple[k.Stmt, ...], times: int) -> int:
+        inner = sum(count(s.body, times * _trips(s)) for s in stmts if isinstance(s, k.For))
+        alike = {e for s in stmts if not isinstance(s, k.For) for e in nodes_of(s, k.Load)
+                 if e.lanes > 1 and loop.var.name not in names_used(e.index)}
+        return inner + times * len(alike)
+    return count(loop.body, 1)
 
 
 def modelled_forms(forms: Sequence[ix.Program], specs: tuple[ArgSpec, ...], isa: Isa,
