@@ -1337,13 +1337,9 @@ def _one_row_near_l1(program: ix.Program, op: ix.Op, core: Core | None) -> bool:
     """Whether ``op`` computes an output that no other operation reads (read back by
     ``op`` itself or only written; not a temporary), which fills ``ONE_ROW_BAND`` of L1,
     on a core that computes such outputs one row at a time (``Core.one_row_near_l1``).
-    Then blocks of more than one row along the output's rows are not candidates, nor
-    one-row blocks whose code reloads rows of B after a barrier (``k.Barrier``,
-    ``options``; where no other one-row block is left along the rows, all blocks are):
-    a row a step gains by keeping the rows of B its columns need in registers across
-    the rows. Reloaded each row, they ran slower than the blocks of 4
-    rows: C = A*B 100 x 4 x 100 f32 in 1 x 4 blocks 908 ns a call against 590 (1 x 3:
-    519), 64 x 4 x 64 f64 in 1 x 8 491 against 375 (1 x 3: 347)."""
+    Then ``options`` takes only blocks of one row along the output's rows, of those
+    that load B's rows once for all the rows (``_keeps_rows_of_b``); where none does,
+    any block."""
     if not _core(core).one_row_near_l1 or len(op.dims) != 2:
         return False
     out = program.operand(op.out)
