@@ -133,6 +133,9 @@ class Core:
     #: whether an output in a band of sizes is computed in blocks of one row only
     #: (``_one_row_near_l1``)
     one_row_near_l1: bool = False
+    #: whether an output of a few rows, each of two vectors or more, is computed in blocks
+    #: of all its rows (``_short_output_rows``)
+    whole_short_outputs: bool = False
     #: whether the kernels emitted write an output only written, by operands that about
     #: fill L1, in straight-line rows (``build_module``'s ``straight_near_l1``); asked
     #: only of one-row blocks (``_keeps_rows_of_b``)
@@ -179,6 +182,7 @@ def core_for(machine: Machine, isa: Isa) -> Core:
     return Core(INTEL_SHUFFLE_PIPES, fp_and_shuffle, INTEL_BROADCAST_FP, INTEL_PAIR_SHUFFLE,
                 bool(INTEL_OVERLAP_BY_FP), INTEL_REDUCE_SHUFFLE,
                 one_row_near_l1=machine.one_row_blocks_near_l1,
+                whole_short_outputs=machine.whole_short_outputs,
                 straight_rows_near_l1=machine.straight_rows_near_l1)
 
 
@@ -1288,9 +1292,11 @@ def _best_modelled(program: ix.Program, op: ix.Op, specs: tuple[ArgSpec, ...], i
     found: list[tuple[float, OpSchedule]] = []
     built: set[k.Module] = set()  # kernels modelled, where they may repeat
     one_lane = isa.lanes(program.dtype) == 1
+    rows = _short_output_rows(program, op, isa, core)
     ranked = sorted(((_lower_bound(program, op, s, isa), s)
                      for s in candidates(program, op, isa)
-                     if not (one_row and s.vector == op.dims[1] and s.block[0] > 1)),
+                     if not (one_row and s.vector == op.dims[1] and s.block[0] > 1)
+                     and not (rows and s.vector == op.dims[1] and s.block[0] < rows)),
                     key=lambda bs: bs[0])
     for bound, sched in ranked:
         # one costing at least the last kept is dropped below, whatever it costs: it
@@ -1331,6 +1337,32 @@ def _best_modelled(program: ix.Program, op: ix.Op, specs: tuple[ArgSpec, ...], i
 #: ran as fast when C is read back (945 -> 953-966, 1585 -> 1590-1626) and 0.75-0.77x
 #: when only written (rows prefetched for writing); smaller outputs (f32 n = 48) alike.
 ONE_ROW_BAND = (0.3, 1.0)
+
+
+#: Outputs of at most this many rows, each of two vectors or more, that a core with
+#: ``Core.whole_short_outputs`` computes in blocks of all their rows. The model prices
+#: blocks of 2 rows x 4 vectors in straight-line code (each row of B loaded once per
+#: block of rows) at their FMAs' issue time, and blocks of all 4 rows in a loop along
+#: the row above that (the code before and after the loop priced apart); on a Xeon of CPU model 167 (LGen's harness, the
+#: model's 2 x 4 blocks against 4 x 2 / 4 x 3) they ran slower: C = A*B 4 x 4 x 100 f32
+#: 30.6 against 23.4 / 24.5 ns a call, 4 x 4 x 48 f64 21.1-22.0 against 19.1 / 17.5-18.5,
+#: C = alpha*A*B + beta*C 4 x 4 x 100 f32 38.9 against 32.1 / 33.2, 4 x 4 x 48 f64 28.1
+#: against 24.6 / 25.6, 4 x 4 x 80 f64 45.0 against 41.4 / 40.8. Shorter rows are left
+#: out: outputs of 4 x 4 and 4 x 8 f32 and 4 x 4 f64 in blocks of all their rows ran
+#: 0.78-0.95x as fast as in the model's blocks of one or two rows.
+SHORT_OUTPUT_ROWS = 4
+
+
+def _short_output_rows(program: ix.Program, op: ix.Op, isa: Isa, core: Core | None) -> int:
+    """The rows of ``op``'s output where a core with ``Core.whole_short_outputs`` computes
+    it in blocks of all of them (``SHORT_OUTPUT_ROWS``, rows of two vectors of ``isa``
+    or more), else 0: then ``options`` takes no block of fewer rows along its rows."""
+    if not _core(core).whole_short_outputs or len(op.dims) != 2:
+        return 0
+    out = program.operand(op.out)
+    if out.cols < 2 * isa.lanes(program.dtype):
+        return 0
+    return out.rows if 1 < out.rows <= SHORT_OUTPUT_ROWS else 0
 
 
 def _one_row_near_l1(program: ix.Program, op: ix.Op, core: Core | None) -> bool:

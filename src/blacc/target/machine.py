@@ -96,6 +96,13 @@ class Machine:
         return self._cpu_model_167
 
     @property
+    def whole_short_outputs(self) -> bool:
+        """Whether an output of a few rows (``strategy.small.SHORT_OUTPUT_ROWS``) with rows
+        of two vectors or more is computed in blocks of all its rows. Measured on a Xeon
+        of CPU model 167 only (``strategy.small._short_output_rows``)."""
+        return self._cpu_model_167
+
+    @property
     def straight_rows_near_l1(self) -> bool:
         """Whether blocks of rows store into an output that is only written in
         straight-line code, not in a loop along the row, where the call's operands about
