@@ -1287,7 +1287,8 @@ def _best_modelled(program: ix.Program, op: ix.Op, specs: tuple[ArgSpec, ...], i
                    keep: int, core: Core | None, one_row: bool
                    ) -> list[tuple[float, OpSchedule]]:
     """``options`` for one operation; ``one_row``: only one-row blocks along the output's
-    rows, and only those that keep the rows of B in registers (``_keeps_rows_of_b``)."""
+    rows, and only those that load B's rows once for all the rows (``_keeps_rows_of_b``).
+    Along the rows of a short output, only blocks of all its rows (``_short_output_rows``)."""
     single = ix.Program(program.operands, (op,), program.dtype)
     found: list[tuple[float, OpSchedule]] = []
     built: set[k.Module] = set()  # kernels modelled, where they may repeat
@@ -1343,13 +1344,14 @@ ONE_ROW_BAND = (0.3, 1.0)
 #: ``Core.whole_short_outputs`` computes in blocks of all their rows. The model prices
 #: blocks of 2 rows x 4 vectors in straight-line code (each row of B loaded once per
 #: block of rows) at their FMAs' issue time, and blocks of all 4 rows in a loop along
-#: the row above that (the code before and after the loop priced apart); on a Xeon of CPU model 167 (LGen's harness, the
-#: model's 2 x 4 blocks against 4 x 2 / 4 x 3) they ran slower: C = A*B 4 x 4 x 100 f32
-#: 30.6 against 23.4 / 24.5 ns a call, 4 x 4 x 48 f64 21.1-22.0 against 19.1 / 17.5-18.5,
-#: C = alpha*A*B + beta*C 4 x 4 x 100 f32 38.9 against 32.1 / 33.2, 4 x 4 x 48 f64 28.1
-#: against 24.6 / 25.6, 4 x 4 x 80 f64 45.0 against 41.4 / 40.8. Shorter rows are left
-#: out: outputs of 4 x 4 and 4 x 8 f32 and 4 x 4 f64 in blocks of all their rows ran
-#: 0.78-0.95x as fast as in the model's blocks of one or two rows.
+#: the row above that (the code before and after the loop priced apart); on a Xeon of
+#: CPU model 167 (LGen's harness, the model's 2 x 4 blocks against 4 x 2 / 4 x 3) they
+#: ran slower: C = A*B 4 x 4 x 100 f32 30.6 against 23.4 / 24.5 ns a call, 4 x 4 x 48
+#: f64 21.1-22.0 against 19.1 / 17.5-18.5, C = alpha*A*B + beta*C 4 x 4 x 100 f32 38.9
+#: against 32.1 / 33.2, 4 x 4 x 48 f64 28.1 against 24.6 / 25.6, 4 x 4 x 80 f64 45.0
+#: against 41.4 / 40.8. Shorter rows are left out: outputs of 4 x 4 and 4 x 8 f32 and
+#: 4 x 4 f64 in blocks of all their rows ran 0.78-0.95x as fast as in the model's
+#: blocks of one or two rows.
 SHORT_OUTPUT_ROWS = 4
 
 
