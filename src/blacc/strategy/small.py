@@ -37,6 +37,7 @@ from ..transform.blac import (
     candidates,
     chunks,
     sums_of,
+    writes_near_l1,
 )
 from ..transform.lower_tile import CACHE_LINE
 from ..transform.past_end import mark_past_end
@@ -1405,10 +1406,11 @@ def _keeps_rows_of_b(program: ix.Program, specs: tuple[ArgSpec, ...], sched: OpS
     x 100 f32 in 1 x 4 blocks ran 908 ns a call against 590 for the model's taller
     blocks, 64 x 4 x 64 f64 in 1 x 8 491 against 375, 100 x 8 x 100 f32 in 1 x 3 1729
     against 1209), and a row loads no more of them than ``ROWS_OF_B_KEPT`` register
-    files. Asked of the kernel as emitted (``module`` where it is the same): with rows
-    in straight lines (``Core.straight_rows_near_l1``) a row's loop holds all of the
+    files. ``program`` holds the one operation. Asked of the kernel as emitted
+    (``module`` where it is the same): with rows in straight lines
+    (``Core.straight_rows_near_l1``, ``writes_near_l1``) a row's loop holds all of the
     row's columns."""
-    if _core(core).straight_rows_near_l1:
+    if _core(core).straight_rows_near_l1 and writes_near_l1(program, program.ops[0]):
         module = build_module(program, specs, (sched,), isa, "probe", straight_near_l1=True,
                               shared_splats=_core(core).shared_splats)
     body = module.function(module.entry).body
