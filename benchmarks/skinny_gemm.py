@@ -7,17 +7,17 @@ and NumPy's BLAS, on one core; see "When blacc does not pack" in docs/blocking.m
 
 from __future__ import annotations
 
-import argparse
-
 import numpy as np
 
 import blacc
-from blacc.bench.gemm import parse_shape, verify_gemm
+from blacc.bench.gemm import shape_table, verify_gemm
 from blacc.bench.timing import measure_interleaved, single_thread
 
 SHAPES = ("1000x1x1000", "4000x1x4000", "1000x8x1000", "1000x16x1000", "4000x4x4000",
           "2000x24x300", "1000x8x100", "1x1000x1000", "2x1000x1000", "3x1000x64",
           "8x1000x1000", "16x1000x1000", "32x1000x1000", "5x2000x500", "40x40x40")
+HEADER = ("dtype    shape (MxNxK)       blacc  packed   numpy  /packed /numpy  blacc's plan"
+          "  (GFLOPS, median of interleaved samples)")
 
 
 def bench(dtype: np.dtype, m: int, n: int, k: int) -> str:
@@ -46,18 +46,7 @@ def bench(dtype: np.dtype, m: int, n: int, k: int) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--shapes", type=parse_shape, nargs="+", metavar="MxNxK",
-                        default=[parse_shape(s) for s in SHAPES])
-    parser.add_argument("--dtype", choices=("float32", "float64", "both"), default="both")
-    args = parser.parse_args(argv)
-    dtypes = ("float32", "float64") if args.dtype == "both" else (args.dtype,)
-    print("dtype    shape (MxNxK)       blacc  packed   numpy  /packed /numpy  blacc's plan"
-          "  (GFLOPS, median of interleaved samples)")
-    for dtype in dtypes:
-        for m, n, k in args.shapes:
-            print(bench(np.dtype(dtype), m, n, k), flush=True)
-    return 0
+    return shape_table(__doc__.splitlines()[0], SHAPES, HEADER, bench, argv)
 
 
 if __name__ == "__main__":

@@ -30,6 +30,7 @@ from .runtime.gemm import host_target
 from .runtime.measure import time_kernels
 from .runtime.plan_cache import Choice, remembered
 from .runtime.signature import ArgSpec
+from .strategy.route import to_spine
 from .strategy.small import (
     SEARCHES,
     Core,
@@ -46,6 +47,7 @@ from .strategy.small import (
     worth_wider,
 )
 from .target.isa import AVX2, AVX512, GENERIC, Isa, requested_isa
+from .transform.as_gemm import gemm_statement
 from .transform.blac import OpSchedule, build_module
 from .transform.blac import candidates as schedule_candidates
 from .transform.index_notation import arg_specs, forms
@@ -78,6 +80,13 @@ def _typed(program: object, operands: Mapping[str, Decl]) -> TypedProgram:
         return check(ast, decls)
     raise ArgumentError("a program is source text, or a dict {output name: expression} "
                         f"built with operators, not {type(program).__name__}")
+
+
+def _check_request(name: str, search: str) -> None:
+    if not _IDENT.fullmatch(name) or name.startswith(("blacc_", "__")):
+        raise ArgumentError(f"kernel name {name!r} is not a valid C identifier for blacc")
+    if search not in SEARCHES:
+        raise ScheduleError(f"search must be one of {', '.join(SEARCHES)}, not {search!r}")
 
 
 def _is_host(target: str | Isa | None) -> bool:
@@ -138,10 +147,7 @@ def plan(program: object, *, name: str = "blac_kernel", target: str | Isa | None
     taking a list of ``Candidate``s and returning seconds per call of each) times the
     candidates of the measuring searches; by default they are compiled here and timed in
     a C loop (``runtime.measure``)."""
-    if not _IDENT.fullmatch(name) or name.startswith(("blacc_", "__")):
-        raise ArgumentError(f"kernel name {name!r} is not a valid C identifier for blacc")
-    if search not in SEARCHES:
-        raise ScheduleError(f"search must be one of {', '.join(SEARCHES)}, not {search!r}")
+    _check_request(name, search)
     typed = _typed(program, operands)
     specs = arg_specs(typed)
     candidates = forms(typed)
@@ -320,14 +326,35 @@ def compile(program: object, *, search: str = "model", name: str = "blac_kernel"
     machine AVX2 or AVX-512, whichever the model finds faster, see ``host_isas``) or
     another ISA this machine runs ('avx512', 'avx2', 'generic'). The kernel
     takes operands by name; array outputs are written in place (allocated when omitted)
-    and scalar outputs returned."""
+    and scalar outputs returned. For 'host', a program that is one GEMM (``C =
+    alpha*op(A)*op(B) + beta*C``) on operands too large for L1 runs the spine's
+    cache-blocked GEMM instead, whatever ``search`` says (``strategy.route``)."""
     from .runtime.pycall import FixedKernel
 
     _runnable(_isa(target), "compile")
+    _check_request(name, search)
+    if _is_host(target) and (spine := _spine_kernel(program, name, operands)) is not None:
+        return spine
     chosen = plan(program, name=name, target=target, search=search, **operands)
     return FixedKernel.build(chosen.source, name, chosen.specs,
                              flags=_build_isa(target, chosen.isa).flags,
                              status=chosen.module.function(chosen.module.entry).status)
+
+
+def _spine_kernel(program: object, name: str, operands: Mapping[str, Decl]):
+    """A kernel for a program that is one large GEMM, computed by the spine's GEMM
+    (``transform.as_gemm``, ``strategy.route``), or None for the small path."""
+    from .runtime.gemm_program import gemm_program_source
+    from .runtime.pycall import FixedKernel
+
+    typed = _typed(program, operands)
+    stmt = gemm_statement(typed)
+    host = host_target()
+    if stmt is None or not to_spine(stmt, typed, host.machine):
+        return None
+    specs = arg_specs(typed)
+    return FixedKernel.build(gemm_program_source(stmt, specs, name, host), name, specs,
+                             flags=host.isa.flags, status=True)
 
 
 def _build_isa(target: str | Isa | None, isa: Isa) -> Isa:
@@ -367,7 +394,9 @@ def emit(program: object, output: str | Path, *, name: str | None = None,
     dependency on blacc. Returns the two paths. ``target``: 'host' (this machine's
     intrinsics, ``host_isas``), 'avx512', 'avx2', or 'generic' (plain C99 for any
     compiler). A ``search`` other than 'model' times candidates here, so needs a target
-    this machine runs."""
+    this machine runs. Every program is emitted as the small path plans it, one GEMM on
+    large operands too (the spine's GEMM allocates its packing buffers and can fail, which
+    the emitted function does not)."""
     out = Path(output)
     fname = name or re.sub(r"\W", "_", out.stem)
     return write_standalone(plan(program, name=fname, target=target, search=search,

@@ -28,6 +28,7 @@ __all__ = [
     "Row",
     "Shape",
     "format_table",
+    "shape_table",
     "parse_shape",
     "rows_to_json",
     "run_gemm_bench",
@@ -100,6 +101,27 @@ def parse_shape(text: str) -> Shape:
     if min(m, n, k) < 1:
         raise ValueError(f"shape {text!r} has a size below 1")
     return m, n, k
+
+
+def shape_table(description: str, shapes: Sequence[str], header: str,
+                bench: Callable[[np.dtype, int, int, int], str],
+                argv: list[str] | None = None) -> int:
+    """A benchmark script's ``main``: ``--shapes`` (MxNxK, default ``shapes``) and
+    ``--dtype`` (float32, float64 or both) from ``argv``; prints ``header``, then
+    ``bench(dtype, m, n, k)``'s line for every dtype and shape."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--shapes", type=parse_shape, nargs="+", metavar="MxNxK",
+                        default=[parse_shape(s) for s in shapes])
+    parser.add_argument("--dtype", choices=("float32", "float64", "both"), default="both")
+    args = parser.parse_args(argv)
+    dtypes = ("float32", "float64") if args.dtype == "both" else (args.dtype,)
+    print(header)
+    for dtype in dtypes:
+        for m, n, k in args.shapes:
+            print(bench(np.dtype(dtype), m, n, k), flush=True)
+    return 0
 
 
 def verify_gemm(

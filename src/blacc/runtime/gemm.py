@@ -29,6 +29,7 @@ import numpy as np
 
 from ..errors import AliasingError, ArgumentError, DTypeError, ShapeError
 from ..ir.dtypes import float_type_of
+from ..ir.kernel import Module
 from ..ir.structured import Contraction
 from ..strategy.gemm import STRATEGIES, Plan, plan_for
 from ..strategy.intrinsic import matrix_kr, plan_contraction
@@ -74,15 +75,21 @@ class GemmKernel:
     native: NativeKernel
 
 
-@functools.lru_cache(maxsize=64)
-def gemm_kernel(dtype: str, plan: Plan, isa: Isa, backend: str = "c") -> GemmKernel:
-    """Apply the plan's schedule, lower it for ``isa`` and compile it with ``backend``
-    ('c' or 'llvm'; memoized)."""
+def lowered_gemm(dtype: str, plan: Plan, isa: Isa, backend: str = "c"
+                 ) -> tuple[Contraction, tuple[tuple[str, object], ...], Module]:
+    """Apply the plan's schedule and lower it for ``isa`` and ``backend`` ('c' or
+    'llvm'): the operation, every level it went through, and the final module."""
     op = plan_contraction(plan, dtype)
     name = f"blacc_gemm_{dtype}_{plan.strategy.replace('-', '_')}"
     scheduled = apply(op, plan.schedule, name=name, known_strides=dict(plan.known_strides))
     final, passes = lower(scheduled, isa, backend=backend, matrix_kr=matrix_kr(plan))
-    levels = (("schedule", scheduled), *passes)
+    return op, (("schedule", scheduled), *passes), final
+
+
+@functools.lru_cache(maxsize=64)
+def gemm_kernel(dtype: str, plan: Plan, isa: Isa, backend: str = "c") -> GemmKernel:
+    """``lowered_gemm``, compiled with ``backend`` (memoized)."""
+    op, levels, final = lowered_gemm(dtype, plan, isa, backend)
     return GemmKernel(dtype, plan, op, levels, build(final, isa, backend=backend))
 
 

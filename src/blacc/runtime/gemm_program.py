@@ -1,0 +1,90 @@
+"""A one-GEMM fixed-size program computed by the spine: its C source.
+
+The spine's GEMM for the program's shape and layouts (``strategy.gemm.plan_for``, lowered
+for the C backend), and an entry function with the program's own signature (the one
+``runtime.pycall.wrapper_source`` calls, parameters in ``arg_specs`` order) that passes
+the fixed extents, strides and scalar factors on. The statement's meaning is kept: where
+it reads its output (``beta*C``) and beta is 0 at run time, C is first multiplied by 0,
+so that a NaN or infinity in it still reaches the result, as it does on the small path;
+the spine alone would not read C then (BLAS).
+"""
+
+from __future__ import annotations
+
+from ..backend import c as c_backend
+from ..strategy.gemm import plan_for
+from ..transform.as_gemm import Factor, GemmStatement
+from .gemm import Target, lowered_gemm
+from .signature import ARRAY, IN, ArgSpec
+
+_C_TYPE = {"f32": "float", "f64": "double"}
+
+
+def _strides(s: ArgSpec) -> tuple[int, int]:
+    """Elements between consecutive rows and consecutive columns of ``s``."""
+    ld = s.leading_dimension
+    return (ld, 1) if s.layout == "row" else (1, ld)
+
+
+def _factor(f: Factor, params: dict[str, str], ctype: str) -> str:
+    """C for a product of scalars, in the program's type."""
+    literal = f.sign * f.literal
+    return " * ".join([f"({ctype})({literal.hex()})", *(params[n] for n in f.names)])
+
+
+def gemm_program_source(stmt: GemmStatement, specs: tuple[ArgSpec, ...], name: str,
+                        target: Target) -> str:
+    """C source defining ``int name(...)``: ``stmt`` computed by the spine's GEMM on
+    ``target``. Parameters are named ``p0, p1...`` after their place in ``specs`` (names
+    the user gave never reach the C)."""
+    by_name = {s.name: s for s in specs}
+    params = {s.name: f"p{i}" for i, s in enumerate(specs)}
+    a, b, c = by_name[stmt.a], by_name[stmt.b], by_name[stmt.out]
+    dtype = c.dtype
+    ctype = _C_TYPE[dtype]
+    # op(A) (m x k) and op(B) (k x n) as pointers and strides
+    a_st, b_st, c_st = _strides(a), _strides(b), _strides(c)
+    if stmt.trans_a:
+        a_st = a_st[::-1]
+    if stmt.trans_b:
+        b_st = b_st[::-1]
+    m, n = c.rows, c.cols
+    k = a.rows if stmt.trans_a else a.cols
+    x, y = (params[stmt.a], a_st), (params[stmt.b], b_st)
+    if c_st[1] != 1:  # C by columns: compute C' = op(B)' op(A)', whose rows are C's columns
+        x, y = (y[0], y[1][::-1]), (x[0], x[1][::-1])
+        m, n, c_st = n, m, c_st[::-1]
+    plan = plan_for("auto", m, n, k, dtype, machine=target.machine, isa=target.isa,
+                    a_unit_cols=x[1][1] == 1, b_unit_cols=y[1][1] == 1,
+                    b_unit_rows=y[1][0] == 1)
+    _, _, module = lowered_gemm(dtype, plan, target.isa, "c")
+    entry = module.function(module.entry)
+    extents = [str(m), str(n), str(k)] if entry.params[0].dtype == "i64" else []
+
+    signature = []
+    for i, s in enumerate(specs):
+        if s.kind == ARRAY:
+            const = "const " if s.role == IN else ""
+            signature.append(f"{const}{ctype} *restrict p{i}")
+        else:
+            signature.append(f"{ctype} p{i}")
+    alpha = _factor(stmt.alpha, params, ctype)
+    body = [f"{ctype} alpha = {alpha};"]
+    if stmt.beta is None:
+        body.append(f"{ctype} beta = 0;")
+    else:
+        cp, (rs, cs) = params[stmt.out], _strides(c)
+        body += [f"{ctype} beta = {_factor(stmt.beta, params, ctype)};",
+                 "if (beta == 0) {  /* 0*C, as written: NaN and infinity stay */",
+                 f"    for (int64_t i = 0; i < {c.rows}; i++)",
+                 f"        for (int64_t j = 0; j < {c.cols}; j++)",
+                 f"            {cp}[i * {rs} + j * {cs}] *= 0;",
+                 "    beta = 1;",
+                 "}"]
+    args = [*extents, "alpha", x[0], *map(str, x[1]), y[0], *map(str, y[1]), "beta",
+            params[stmt.out], *map(str, c_st)]
+    body.append(f"return {entry.name}({', '.join(args)});")
+    return (c_backend.render(module, target.isa)
+            + "\n/* the program's signature: C = alpha * op(A) * op(B) + beta * C */\n"
+            + f"int {name}({', '.join(signature) or 'void'}) {{\n"
+            + "".join(f"    {line}\n" for line in body) + "}\n")

@@ -1,0 +1,149 @@
+"""A program that is one GEMM, raised to the spine's operation.
+
+``C = alpha*A*B + beta*C``, with any transposes (``A'*B``, ``(A*B)'``), scalar factors
+that are declared scalars or literals (``2*A*B``, ``-A*B``, ``C - A*B``) and the
+``beta*C`` term left out or not, is the spine's contraction ``C = alpha*op(A)*op(B) +
+beta*C``. Large ones run faster there, cache-blocked and packed, than as the fused
+register-tiled loops of the small path (``strategy.route``). Anything else, including
+``D = A*B + C`` (the addend is not the output) and products of more than two matrices,
+is not matched.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from ..frontend import typed as t
+from ..frontend.types import Scalar
+
+
+@dataclass(frozen=True)
+class Factor:
+    """A product of scalars: ``sign * literal * names[0] * names[1] * ...``."""
+
+    sign: int = 1
+    literal: float = 1.0
+    names: tuple[str, ...] = ()
+
+    def times(self, o: Factor) -> Factor:
+        return Factor(self.sign * o.sign, self.literal * o.literal, self.names + o.names)
+
+
+@dataclass(frozen=True)
+class GemmStatement:
+    """``out = alpha * op(a) * op(b) + beta * out``; ``beta`` None: ``out`` not read.
+    ``trans_a``: op(a) is a transposed (likewise ``trans_b``)."""
+
+    out: str
+    a: str
+    trans_a: bool
+    b: str
+    trans_b: bool
+    alpha: Factor
+    beta: Factor | None
+
+
+def _terms(e: t.TExpr, sign: int = 1) -> list[tuple[int, t.TExpr]]:
+    """The signed terms of a sum: ``A*B - C`` -> [(1, A*B), (-1, C)]."""
+    if isinstance(e, t.TAdd):
+        return _terms(e.a, sign) + _terms(e.b, sign)
+    if isinstance(e, t.TSub):
+        return _terms(e.a, sign) + _terms(e.b, -sign)
+    if isinstance(e, t.TNeg):
+        return _terms(e.x, -sign)
+    return [(sign, e)]
+
+
+def _scalar(e: t.TExpr, decls: t.Decls) -> Factor | None:
+    """``e`` as a product of finite literals and declared scalars, or None."""
+    if isinstance(e, t.TNum):
+        return Factor(literal=e.value) if math.isfinite(e.value) else None
+    if isinstance(e, t.TRef):
+        return Factor(names=(e.name,)) if isinstance(decls[e.name], Scalar) else None
+    if isinstance(e, t.TNeg):
+        inner = _scalar(e.x, decls)
+        return None if inner is None else Factor(-1).times(inner)
+    if isinstance(e, t.TMul) and e.op == "scale":
+        a, b = _scalar(e.a, decls), _scalar(e.b, decls)
+        return None if a is None or b is None else a.times(b)
+    return None
+
+
+def _peeled(e: t.TExpr, decls: t.Decls) -> tuple[Factor, t.TExpr] | None:
+    """A term's scalar factors and what they scale: ``2*alpha*(A*B)`` -> (2 alpha, A*B)."""
+    factor = Factor()
+    while True:
+        if isinstance(e, t.TNeg):
+            factor, e = factor.times(Factor(-1)), e.x
+        elif isinstance(e, t.TMul) and e.op == "scale":
+            scalar, array = (e.a, e.b) if e.a.shape == (1, 1) else (e.b, e.a)
+            s = _scalar(scalar, decls)
+            if s is None:
+                return None
+            factor, e = factor.times(s), array
+        else:
+            return factor, e
+
+
+def _side(e: t.TExpr, decls: t.Decls) -> tuple[Factor, str, bool] | None:
+    """(scalar factors, name, transposed) for an operand of a product: ``A``, ``A'``,
+    ``(alpha*A)'``..."""
+    if isinstance(e, t.TRef):
+        return (Factor(), e.name, False) if e.kind == "matrix" else None
+    if isinstance(e, t.TTranspose):
+        inner = _side(e.x, decls)
+        return None if inner is None else (inner[0], inner[1], not inner[2])
+    peeled = _peeled(e, decls)
+    if peeled is None or peeled[1] is e:
+        return None
+    inner = _side(peeled[1], decls)
+    return None if inner is None else (peeled[0].times(inner[0]), inner[1], inner[2])
+
+
+def _product(e: t.TExpr, decls: t.Decls) -> tuple[Factor, str, bool, str, bool] | None:
+    """(scalar factors, a, trans_a, b, trans_b) for ``op(A)*op(B)``, however scaled and
+    transposed: ``(op(A)*op(B))' = op(B)'*op(A)'``."""
+    if isinstance(e, t.TTranspose):
+        inner = _product(e.x, decls)
+        if inner is None:
+            return None
+        f, a, ta, b, tb = inner
+        return f, b, not tb, a, not ta
+    if isinstance(e, t.TMul) and e.op == "matmul":
+        a, b = _side(e.a, decls), _side(e.b, decls)
+        if a is None or b is None:
+            return None
+        return a[0].times(b[0]), a[1], a[2], b[1], b[2]
+    peeled = _peeled(e, decls)
+    if peeled is None or peeled[1] is e:
+        return None
+    inner = _product(peeled[1], decls)
+    return None if inner is None else (peeled[0].times(inner[0]), *inner[1:])
+
+
+def gemm_statement(program: t.TypedProgram) -> GemmStatement | None:
+    """The program as one GEMM, or None when it is not one (see the module docstring)."""
+    if len(program.statements) != 1:
+        return None
+    (stmt,) = program.statements
+    out, decls = stmt.target, program.decls
+    product: tuple[Factor, str, bool, str, bool] | None = None
+    beta: Factor | None = None
+    for sign, term in _terms(stmt.expr):
+        peeled = _peeled(term, decls)
+        if peeled is None:
+            return None
+        factor, core = Factor(sign).times(peeled[0]), peeled[1]
+        if isinstance(core, t.TRef) and core.name == out and beta is None:
+            beta = factor
+        elif product is None and (found := _product(core, decls)) is not None:
+            product = (factor.times(found[0]), *found[1:])
+        else:
+            return None
+    if product is None:
+        return None
+    alpha, a, trans_a, b, trans_b = product
+    if out in (a, b):  # the output read as a whole while it is written
+        return None
+    return GemmStatement(out, a, trans_a, b, trans_b, alpha, beta)

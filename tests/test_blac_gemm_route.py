@@ -1,0 +1,176 @@
+"""Programs that are one GEMM: recognized (``transform.as_gemm``), sent to the spine's
+GEMM when large (``strategy.route``), and computed there with the program's own meaning
+and signature (``runtime.gemm_program``). The spine is forced at small sizes
+(``SPINE_L1_MULTIPLE`` = 0) so that each case compiles quickly."""
+
+from __future__ import annotations
+
+import types
+
+import numpy as np
+import pytest
+
+import blacc
+from blacc.blacs import _typed
+from blacc.errors import BlaccError
+from blacc.strategy import route
+from blacc.transform.as_gemm import gemm_statement
+from blacc.transform.index_notation import arg_specs
+from test_blac_programs import SENTINEL, assert_matches, call_args, make_values, seed_of
+
+M, V, S = blacc.Matrix, blacc.Vector, blacc.Scalar
+
+
+def _decls(dt: str = "f32", m: int = 5, k: int = 6, n: int = 7) -> dict:
+    return dict(A=M(m, k, dt), B=M(k, n, dt), C=M(m, n, dt), D=M(m, n, dt), At=M(k, m, dt),
+                Bt=M(n, k, dt), alpha=S(dt), beta=S(dt))
+
+
+def _value(f, scalars: dict) -> float:
+    return f.sign * f.literal * float(np.prod([scalars[n] for n in f.names]))
+
+
+@pytest.mark.parametrize(("source", "a", "b", "alpha", "beta"), [
+    ("C = A*B", "A", "B", 1, None),
+    ("C = alpha*A*B + beta*C", "A", "B", 2, 3),
+    ("C = At'*Bt' - C", "At'", "Bt'", 1, -1),
+    ("C = -2*(Bt*At)' + C", "At'", "Bt'", -2, 1),
+    ("C = C - alpha*A*B*beta", "A", "B", -6, 1),
+    ("C = 2*alpha*A*B + 3*C*beta", "A", "B", 4, 9),
+    ("C = (alpha*At)'*(-B)", "At'", "B", -2, None),
+    ("C = (2*(alpha*Bt*At))' - beta*C", "At'", "Bt'", 4, -3),
+])
+def test_one_gemm_statements_are_recognized(source, a, b, alpha, beta):
+    stmt = gemm_statement(_typed(source, _decls()))
+    assert stmt is not None
+    scalars = {"alpha": 2.0, "beta": 3.0}
+    assert (stmt.out, stmt.a + "'" * stmt.trans_a, stmt.b + "'" * stmt.trans_b) == ("C", a, b)
+    assert _value(stmt.alpha, scalars) == alpha
+    assert (None if stmt.beta is None else _value(stmt.beta, scalars)) == beta
+
+
+@pytest.mark.parametrize("source", [
+    "C = A*B + D",            # the addend is not the output
+    "C = (A + A)*B",          # an operand that is not an array
+    "C = A*B + C + C",        # the output twice
+    "C = A*B + A*B",          # two products
+    "C = alpha*C",            # no product
+    "C = A*B; D = A*B",       # two statements
+])
+def test_other_programs_are_not_one_gemm(source):
+    assert gemm_statement(_typed(source, _decls(m=6, n=6, k=6))) is None
+
+
+def test_matrix_vector_products_are_not_gemms():
+    decls = dict(A=M(9, 8), x=V(8), y=V(9), X=M(8, 1))
+    assert gemm_statement(_typed("y = A*x + y", decls)) is None
+    assert gemm_statement(_typed("y = A*X", decls)) is None
+
+
+def _spine_kernel(source: str, decls: dict, monkeypatch) -> tuple:
+    monkeypatch.setattr(route, "SPINE_L1_MULTIPLE", 0.0)
+    kernel = blacc.compile(source, **decls)
+    assert "blacc_gemm_" in kernel.source, "not computed by the spine"
+    typed = _typed(source, decls)
+    return kernel, types.SimpleNamespace(specs=arg_specs(typed), typed=typed)
+
+
+@pytest.mark.parametrize(("source", "decls"), [
+    ("C = A*B", dict(A=M(37, 29, "f32"), B=M(29, 41, "f32"), C=M(37, 41, "f32"))),
+    ("C = alpha*A*B + beta*C", dict(A=M(13, 40, "f64"), B=M(40, 17, "f64"),
+                                    C=M(13, 17, "f64"), alpha=S("f64"), beta=S("f64"))),
+    ("C = A'*B' - C", dict(A=M(9, 31, "f32"), B=M(23, 9, "f32"), C=M(31, 23, "f32"))),
+    ("C = 2*alpha*(A*B)' + C", dict(A=M(11, 7, "f64"), B=M(7, 19, "f64"),
+                                    C=M(19, 11, "f64", layout="col", ld=23),
+                                    alpha=S("f64"))),
+    ("C = -A*B*beta + C", dict(A=M(16, 3, "f32", layout="col", ld=20),
+                               B=M(3, 33, "f32", ld=40), C=M(16, 33, "f32", ld=35),
+                               beta=S("f32"))),
+    ("C = A*A'", dict(A=M(2, 5, "f64"), C=M(2, 2, "f64"))),
+])
+def test_spine_programs_match_the_reference(source, decls, monkeypatch):
+    kernel, p = _spine_kernel(source, decls, monkeypatch)
+    dtype = p.typed.dtype
+    values = make_values(decls, dtype, np.random.default_rng(seed_of("spine", source)))
+    kwargs, outs = call_args(p, values, pass_outputs=True)
+    inputs = {n: a.copy() for n, a in kwargs.items()
+              if isinstance(a, np.ndarray) and n not in outs}
+    (c,) = outs.values()
+    got = kernel(**kwargs)
+    assert got is c
+    for n, a in inputs.items():
+        assert np.array_equal(a, kwargs[n]), f"input {n} was written"
+    base = c.base if c.base is not None else c
+    spec = next(s for s in p.specs if s.name == "C")
+    outside = np.ones(base.shape, bool)
+    outside[: spec.rows, : spec.cols] = False  # the view's corner of its buffer
+    assert (base[outside] == SENTINEL).all(), "padding written"
+    assert_matches(p.typed, values, {"C": c}, source)
+
+
+def test_spine_keeps_nan_in_c_when_beta_is_zero(monkeypatch):
+    decls = dict(A=M(6, 5), B=M(5, 7), C=M(6, 7), beta=S())
+    kernel, _ = _spine_kernel("C = A*B + beta*C", decls, monkeypatch)
+    rng = np.random.default_rng(1)
+    A, B = rng.uniform(-1, 1, (6, 5)), rng.uniform(-1, 1, (5, 7))
+    C = rng.uniform(-1, 1, (6, 7))
+    C[2, 3], C[4, 0] = np.nan, np.inf
+    with np.errstate(invalid="ignore"):
+        expected = A @ B + 0.0 * C
+    kernel(A=A, B=B, C=C, beta=0.0)
+    np.testing.assert_allclose(C, expected, rtol=1e-12, atol=1e-12)
+    assert np.isnan(C[2, 3]) and np.isnan(C[4, 0])
+    # a statement that does not read C never sees what was in it
+    only = blacc.compile("C = A*B", **{n: d for n, d in decls.items() if n != "beta"})
+    C[...] = np.nan
+    only(A=A, B=B, C=C)
+    np.testing.assert_allclose(C, A @ B, rtol=1e-12)
+
+
+def test_spine_rejects_bad_arguments_and_writes_nothing(monkeypatch):
+    decls = dict(A=M(6, 5, "f32"), B=M(5, 7, "f32"), C=M(6, 7, "f32"), alpha=S("f32"))
+    kernel, _ = _spine_kernel("C = alpha*A*B + C", decls, monkeypatch)
+    A = np.ones((6, 5), np.float32)
+    B = np.ones((5, 7), np.float32)
+    C = np.full((6, 7), 3.0, np.float32)
+    bad = [dict(A=np.ones((5, 6), np.float32)),      # wrong shape
+           dict(B=np.ones((5, 7), np.float64)),      # wrong dtype
+           dict(alpha="two"),                        # not a number
+           dict(C=C[:, ::-1])]                       # wrong strides
+    for change in bad:
+        args = dict(A=A, B=B, C=C, alpha=2.0) | change
+        with pytest.raises((BlaccError, TypeError, ValueError)):
+            kernel(**args)
+        assert (C == 3.0).all()
+    buffer = np.ones(42, np.float32)
+    with pytest.raises(BlaccError, match="overlap"):  # C overlaps A
+        kernel(A=buffer[:30].reshape(6, 5), B=B, C=buffer.reshape(6, 7), alpha=2.0)
+    assert (buffer == 1.0).all()
+    kernel(A=A, B=B, C=C, alpha=2.0)
+    assert (C == 13.0).all()
+
+
+def test_large_gemms_go_to_the_spine_and_others_stay():
+    f32 = "f32"
+    large = blacc.compile("C = A*B + C", A=M(160, 160, f32), B=M(160, 160, f32),
+                          C=M(160, 160, f32))
+    assert "blacc_gemm_" in large.source
+    with pytest.raises(BlaccError, match="search must be one of"):
+        blacc.compile("C = A*B + C", search="fastest", A=M(160, 160, f32),
+                      B=M(160, 160, f32), C=M(160, 160, f32))
+    small = blacc.compile("C = A*B + C", A=M(16, 16, f32), B=M(16, 16, f32),
+                          C=M(16, 16, f32))
+    assert "blacc_gemm_" not in small.source
+    # a large matrix-vector product is streamed by the small path as fast
+    matvec = blacc.compile("y = A*x", A=M(400, 400, f32), x=V(400, f32), y=V(400, f32))
+    assert "blacc_gemm_" not in matvec.source
+    # another target than the host's plans the small path
+    other = blacc.compile("C = A*B", target="generic", A=M(160, 160, f32),
+                          B=M(160, 160, f32), C=M(160, 160, f32))
+    assert "blacc_gemm_" not in other.source
+    rng = np.random.default_rng(7)
+    A, B = (rng.uniform(-1, 1, (160, 160)).astype(np.float32) for _ in range(2))
+    C = rng.uniform(-1, 1, (160, 160)).astype(np.float32)
+    expected = A.astype(np.float64) @ B + C
+    large(A=A, B=B, C=C)
+    np.testing.assert_allclose(C, expected, rtol=1e-4, atol=1e-4)
