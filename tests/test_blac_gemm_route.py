@@ -49,11 +49,21 @@ def test_one_gemm_statements_are_recognized(source, a, b, alpha, beta):
     assert (None if stmt.beta is None else _value(stmt.beta, scalars)) == beta
 
 
+def test_other_addends_are_recognized():
+    stmt = gemm_statement(_typed("C = A*B - beta*D + 2*(At*Bt)' + C", _decls(m=6, n=6, k=6)))
+    assert stmt is None  # two products
+    stmt = gemm_statement(_typed("D = A*B - beta*C + 2*(alpha*E)' + D", dict(
+        _decls(m=6, n=6, k=6), E=M(6, 6, "f32"))))
+    assert stmt is not None and stmt.beta is None
+    got = [(x.name, x.trans, _value(x.factor, {"alpha": 2.0, "beta": 3.0}))
+           for x in stmt.addends]
+    assert got == [("C", False, -3.0), ("E", True, 4.0), ("D", False, 1.0)]
+
+
 @pytest.mark.parametrize("source", [
-    "C = A*B + D",            # the addend is not the output
     "C = (A + A)*B",          # an operand that is not an array
-    "C = A*B + C + C",        # the output twice
     "C = A*B + A*B",          # two products
+    "C = A*B + A*B*D",        # a product of three
     "C = alpha*C",            # no product
     "C = A*B; D = A*B",       # two statements
 ])
@@ -87,6 +97,12 @@ def _spine_kernel(source: str, decls: dict, monkeypatch) -> tuple:
                                B=M(3, 33, "f32", ld=40), C=M(16, 33, "f32", ld=35),
                                beta=S("f32"))),
     ("C = A*A'", dict(A=M(2, 5, "f64"), C=M(2, 2, "f64"))),
+    ("D = alpha*A*B - beta*C + 2*E' + D", dict(
+        A=M(14, 6, "f64"), B=M(6, 9, "f64"), C=M(14, 9, "f64", ld=12),
+        E=M(9, 14, "f64", layout="col", ld=10), D=M(14, 9, "f64", layout="col", ld=17),
+        alpha=S("f64"), beta=S("f64"))),
+    ("D = A'*B + C + C", dict(A=M(6, 10, "f32"), B=M(6, 7, "f32"), C=M(10, 7, "f32"),
+                             D=M(10, 7, "f32", ld=8))),
 ])
 def test_spine_programs_match_the_reference(source, decls, monkeypatch):
     kernel, p = _spine_kernel(source, decls, monkeypatch)
@@ -95,17 +111,17 @@ def test_spine_programs_match_the_reference(source, decls, monkeypatch):
     kwargs, outs = call_args(p, values, pass_outputs=True)
     inputs = {n: a.copy() for n, a in kwargs.items()
               if isinstance(a, np.ndarray) and n not in outs}
-    (c,) = outs.values()
+    ((out, c),) = outs.items()
     got = kernel(**kwargs)
     assert got is c
     for n, a in inputs.items():
         assert np.array_equal(a, kwargs[n]), f"input {n} was written"
     base = c.base if c.base is not None else c
-    spec = next(s for s in p.specs if s.name == "C")
+    spec = next(s for s in p.specs if s.name == out)
     outside = np.ones(base.shape, bool)
     outside[: spec.rows, : spec.cols] = False  # the view's corner of its buffer
     assert (base[outside] == SENTINEL).all(), "padding written"
-    assert_matches(p.typed, values, {"C": c}, source)
+    assert_matches(p.typed, values, {out: c}, source)
 
 
 def test_spine_keeps_nan_in_c_when_beta_is_zero(monkeypatch):

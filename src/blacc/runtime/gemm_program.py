@@ -6,7 +6,8 @@ for the C backend), and an entry function with the program's own signature (the 
 the fixed extents, strides and scalar factors on. The statement's meaning is kept: where
 it reads its output (``beta*C``) and beta is 0 at run time, C is first multiplied by 0,
 so that a NaN or infinity in it still reaches the result, as it does on the small path;
-the spine alone would not read C then (BLAS).
+the spine alone would not read C then (BLAS). Other addends (``D = A*B + E``) are summed
+into the output first, which the GEMM then adds the product to (beta = 1).
 """
 
 from __future__ import annotations
@@ -70,17 +71,29 @@ def gemm_program_source(stmt: GemmStatement, specs: tuple[ArgSpec, ...], name: s
             signature.append(f"{ctype} p{i}")
     alpha = _factor(stmt.alpha, params, ctype)
     body = [f"{ctype} alpha = {alpha};"]
-    if stmt.beta is None:
+    out, (rs, cs) = params[stmt.out], _strides(c)
+    rows, cols = ("i", c.rows, rs), ("j", c.cols, cs)
+    loops = (rows, cols) if c.layout == "row" else (cols, rows)  # along C's memory
+    nest = [f"{'    ' * d}for (int64_t {v} = 0; {v} < {extent}; {v}++)"
+            for d, (v, extent, _) in enumerate(loops)]
+    at = f"[i * {rs} + j * {cs}]"
+    if not stmt.addends:
         body.append(f"{ctype} beta = 0;")
-    else:
-        cp, (rs, cs) = params[stmt.out], _strides(c)
-        body += [f"{ctype} beta = {_factor(stmt.beta, params, ctype)};",
+    elif (beta := stmt.beta) is not None:
+        body += [f"{ctype} beta = {_factor(beta, params, ctype)};",
                  "if (beta == 0) {  /* 0*C, as written: NaN and infinity stay */",
-                 f"    for (int64_t i = 0; i < {c.rows}; i++)",
-                 f"        for (int64_t j = 0; j < {c.cols}; j++)",
-                 f"            {cp}[i * {rs} + j * {cs}] *= 0;",
+                 *(f"    {line}" for line in nest),
+                 f"            {out}{at} *= 0;",
                  "    beta = 1;",
                  "}"]
+    else:  # C = the sum of the addends, then C += alpha op(A) op(B)
+        terms = []
+        for i, add in enumerate(stmt.addends):
+            s0, s1 = _strides(by_name[add.name])[:: -1 if add.trans else 1]
+            body.append(f"{ctype} f{i} = {_factor(add.factor, params, ctype)};")
+            terms.append(f"f{i} * {params[add.name]}[i * {s0} + j * {s1}]")
+        body += [*nest, f"        {out}{at} = {' + '.join(terms)};",
+                 f"{ctype} beta = 1;"]
     args = [*extents, "alpha", x[0], *map(str, x[1]), y[0], *map(str, y[1]), "beta",
             params[stmt.out], *map(str, c_st)]
     body.append(f"return {entry.name}({', '.join(args)});")

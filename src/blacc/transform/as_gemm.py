@@ -3,10 +3,11 @@
 ``C = alpha*A*B + beta*C``, with any transposes (``A'*B``, ``(A*B)'``), scalar factors
 that are declared scalars or literals (``2*A*B``, ``-A*B``, ``C - A*B``) and the
 ``beta*C`` term left out or not, is the spine's contraction ``C = alpha*op(A)*op(B) +
-beta*C``. Large ones run faster there, cache-blocked and packed, than as the fused
-register-tiled loops of the small path (``strategy.route``). Anything else, including
-``D = A*B + C`` (the addend is not the output) and products of more than two matrices,
-is not matched.
+beta*C``; with other matrices added (``D = A*B + beta*C + E'``), their sum goes into the
+output first and the product is added to it. Large ones run faster there, cache-blocked
+and packed, than as the fused register-tiled loops of the small path
+(``strategy.route``). Anything else, a product of more than two matrices or of a sum
+(``(A0 + A1)*B``), a product with a vector, several statements, is not matched.
 """
 
 from __future__ import annotations
@@ -31,9 +32,18 @@ class Factor:
 
 
 @dataclass(frozen=True)
+class Addend:
+    """``factor * op(name)``, a term added to the product; ``trans``: transposed."""
+
+    name: str
+    trans: bool
+    factor: Factor
+
+
+@dataclass(frozen=True)
 class GemmStatement:
-    """``out = alpha * op(a) * op(b) + beta * out``; ``beta`` None: ``out`` not read.
-    ``trans_a``: op(a) is a transposed (likewise ``trans_b``)."""
+    """``out = alpha * op(a) * op(b) + addends...``; ``trans_a``: op(a) is a transposed
+    (likewise ``trans_b``)."""
 
     out: str
     a: str
@@ -41,7 +51,14 @@ class GemmStatement:
     b: str
     trans_b: bool
     alpha: Factor
-    beta: Factor | None
+    addends: tuple[Addend, ...] = ()
+
+    @property
+    def beta(self) -> Factor | None:
+        """BLAS's beta: the factor of ``out`` where it is the only addend, else None."""
+        if len(self.addends) == 1 and self.addends[0].name == self.out:
+            return self.addends[0].factor
+        return None
 
 
 def _terms(e: t.TExpr, sign: int = 1) -> list[tuple[int, t.TExpr]]:
@@ -129,16 +146,12 @@ def gemm_statement(program: t.TypedProgram) -> GemmStatement | None:
     (stmt,) = program.statements
     out, decls = stmt.target, program.decls
     product: tuple[Factor, str, bool, str, bool] | None = None
-    beta: Factor | None = None
+    addends: list[Addend] = []
     for sign, term in _terms(stmt.expr):
-        peeled = _peeled(term, decls)
-        if peeled is None:
-            return None
-        factor, core = Factor(sign).times(peeled[0]), peeled[1]
-        if isinstance(core, t.TRef) and core.name == out and beta is None:
-            beta = factor
-        elif product is None and (found := _product(core, decls)) is not None:
-            product = (factor.times(found[0]), *found[1:])
+        if product is None and (found := _product(term, decls)) is not None:
+            product = (Factor(sign).times(found[0]), *found[1:])
+        elif (side := _side(term, decls)) is not None:
+            addends.append(Addend(side[1], side[2], Factor(sign).times(side[0])))
         else:
             return None
     if product is None:
@@ -146,4 +159,4 @@ def gemm_statement(program: t.TypedProgram) -> GemmStatement | None:
     alpha, a, trans_a, b, trans_b = product
     if out in (a, b):  # the output read as a whole while it is written
         return None
-    return GemmStatement(out, a, trans_a, b, trans_b, alpha, beta)
+    return GemmStatement(out, a, trans_a, b, trans_b, alpha, tuple(addends))
