@@ -1,7 +1,7 @@
-"""A fixed-size program that is one GEMM, ``C = A*B + C``: blacc.compile's kernel (the
-small path or the spine's GEMM, whichever ``strategy.route`` picks) against the small
-path forced, blacc.gemm and NumPy, on one core. See "Programs that are one GEMM" in
-benchmarks/README.md.
+"""Fixed-size programs that are one GEMM, ``C = A*B + C`` and ``D = alpha*A*B + beta*C``:
+blacc.compile's kernel (the small path or the spine's GEMM, whichever ``strategy.route``
+picks) against the small path forced, blacc.gemm (for D, after ``D = beta*C`` in NumPy)
+and NumPy, on one core. See "Programs that are one GEMM" in benchmarks/README.md.
 
     python benchmarks/fixed_vs_spine.py                        # the shapes below, f32 and f64
     python benchmarks/fixed_vs_spine.py --shapes 600x600x600 --dtype float64
@@ -10,6 +10,7 @@ benchmarks/README.md.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import numpy as np
 
@@ -21,56 +22,81 @@ from blacc.strategy import route
 SHAPES = ("64x64x64", "80x80x80", "96x96x96", "112x112x112", "128x128x128",
           "200x200x200", "400x400x400", "600x600x600", "1000x1000x8", "300x300x50",
           "8x8x1000")
-HEADER = ("dtype    shape (MxNxK) path  compile   small    gemm   numpy  /small  /gemm "
-          "/numpy  planned in s (compile, small)  (GFLOPS, median of interleaved samples)")
+HEADER = ("dtype    program   shape (MxNxK) path  compile   small    gemm   numpy  /small  /gemm "
+          "/numpy  planned in s (compile, small)\n(GFLOPS, median of interleaved samples)")
+ALPHA, BETA = 0.5, 2.0
 
 
-def _compile(m: int, n: int, k: int, dt: str, multiple: float) -> tuple[object, float]:
+def _compile(source: str, decls: dict, multiple: float) -> tuple[object, float]:
     """blacc.compile's kernel with ``route.SPINE_L1_MULTIPLE`` set to ``multiple``, and
     the seconds it took."""
     saved = route.SPINE_L1_MULTIPLE
     route.SPINE_L1_MULTIPLE = multiple
     try:
         start = time.perf_counter()
-        kernel = blacc.compile("C = A*B + C", A=blacc.Matrix(m, k, dt),
-                               B=blacc.Matrix(k, n, dt), C=blacc.Matrix(m, n, dt))
+        kernel = blacc.compile(source, **decls)
         return kernel, time.perf_counter() - start
     finally:
         route.SPINE_L1_MULTIPLE = saved
 
 
+def _programs(a: np.ndarray, b: np.ndarray, c: np.ndarray, d: np.ndarray) -> list[tuple]:
+    """(label, source, arguments, the float64 result, blacc.gemm's call, NumPy's call) for
+    each program, on these operands (the first updates a copy of c)."""
+    a64, c64 = a.astype(np.float64), c.astype(np.float64)
+    t, c1 = a.dtype.type, c.copy()
+    return [
+        ("C+=AB", "C = A*B + C", dict(A=a, B=b, C=c1), a64 @ b + c64,
+         lambda: blacc.gemm(a, b, c1, beta=1.0), lambda: np.add(np.matmul(a, b), c1, out=c1)),
+        ("D=aAB+bC", "D = alpha*A*B + beta*C", dict(A=a, B=b, C=c, D=d, alpha=ALPHA, beta=BETA),
+         ALPHA * (a64 @ b) + BETA * c64,
+         lambda: blacc.gemm(a, b, np.multiply(c, t(BETA), out=d), alpha=ALPHA, beta=1.0),
+         lambda: np.add(np.multiply(np.matmul(a, b), t(ALPHA)), np.multiply(c, t(BETA)),
+                        out=d)),
+    ]
+
+
+def _row(dtype: np.dtype, label: str, shape: str, source: str, decls: dict, args: dict,
+         expected: np.ndarray, bound: np.ndarray, gemm: Callable[[], object],
+         numpy: Callable[[], object], flops: float) -> str:
+    routed, routed_s = _compile(source, decls, route.SPINE_L1_MULTIPLE)
+    small, small_s = _compile(source, decls, float("inf"))
+    out = "D" if "D" in args else "C"
+    for name, kernel in (("compile", routed), ("small path", small)):
+        trial = {n: (v.copy() if isinstance(v, np.ndarray) else v) for n, v in args.items()}
+        kernel(**trial)
+        if not (np.abs(trial[out] - expected) <= bound).all():
+            raise SystemExit(f"{name} gave a wrong result for {source} {shape} {dtype.name}")
+    calls = {"compile": lambda: routed(**args), "small": lambda: small(**args), "gemm": gemm,
+             "numpy": numpy}
+    with single_thread():
+        stats = measure_interleaved(calls, min_sample_s=0.05, samples=7, warmup=1)
+    gflops = {name: flops / s.median / 1e9 for name, s in stats.items()}
+    path = "spine" if "blacc_gemm_" in routed.source else "small"
+    ratios = " ".join(f"{gflops['compile'] / gflops[peer]:5.2f}x"
+                      for peer in ("small", "gemm", "numpy"))
+    return (f"{dtype.name:8s} {label:9s} {shape:13s} {path:5s} {gflops['compile']:7.1f} "
+            f"{gflops['small']:7.1f} {gflops['gemm']:7.1f} {gflops['numpy']:7.1f}  "
+            f"{ratios}  {routed_s:5.1f} {small_s:5.1f}")
+
+
 def bench(dtype: np.dtype, m: int, n: int, k: int) -> str:
     dt = "f32" if dtype == np.float32 else "f64"
-    routed, routed_s = _compile(m, n, k, dt, route.SPINE_L1_MULTIPLE)
-    small, small_s = _compile(m, n, k, dt, float("inf"))
+    decls = dict(A=blacc.Matrix(m, k, dt), B=blacc.Matrix(k, n, dt), C=blacc.Matrix(m, n, dt),
+                 D=blacc.Matrix(m, n, dt), alpha=blacc.Scalar(dt), beta=blacc.Scalar(dt))
     rng = np.random.default_rng([m, n, k])
     a = rng.uniform(-1, 1, (m, k)).astype(dtype)
     b = rng.uniform(-1, 1, (k, n)).astype(dtype)
-    c0 = rng.uniform(-1, 1, (m, n)).astype(dtype)
-    expected = a.astype(np.float64) @ b + c0
-    tolerance = 8 * k * float(np.finfo(dtype).eps) * (np.abs(a) @ np.abs(b) + np.abs(c0))
-    for name, kernel in (("compile", routed), ("small path", small)):
-        c = c0.copy()
-        kernel(A=a, B=b, C=c)
-        if not (np.abs(c - expected) <= tolerance).all():
-            raise SystemExit(f"{name} gave a wrong result for {m}x{n}x{k} {dtype.name}")
-    c = c0.copy()
-    calls = {
-        "compile": lambda: routed(A=a, B=b, C=c),
-        "small": lambda: small(A=a, B=b, C=c),
-        "gemm": lambda: blacc.gemm(a, b, c, beta=1.0),
-        "numpy": lambda: np.add(np.matmul(a, b), c, out=c),
-    }
-    with single_thread():
-        stats = measure_interleaved(calls, min_sample_s=0.05, samples=7, warmup=1)
-    gflops = {name: 2.0 * m * n * k / s.median / 1e9 for name, s in stats.items()}
-    path = "spine" if "blacc_gemm_" in routed.source else "small"
-    shape = f"{m}x{n}x{k}"
-    ratios = " ".join(f"{gflops['compile'] / gflops[peer]:5.2f}x"
-                      for peer in ("small", "gemm", "numpy"))
-    return (f"{dtype.name:8s} {shape:13s} {path:5s} {gflops['compile']:7.1f} "
-            f"{gflops['small']:7.1f} {gflops['gemm']:7.1f} {gflops['numpy']:7.1f}  "
-            f"{ratios}  {routed_s:5.1f} {small_s:5.1f}")
+    c = rng.uniform(-1, 1, (m, n)).astype(dtype)
+    d = np.empty_like(c)
+    scale = 8 * k * float(np.finfo(dtype).eps) * BETA
+    bound = scale * (np.abs(a) @ np.abs(b) + np.abs(c))
+    rows = []
+    for label, source, args, expected, gemm, numpy in _programs(a, b, c, d):
+        used = {name: decls[name] for name in args}
+        rows.append(_row(dtype, label, f"{m}x{n}x{k}", source, used, args, expected, bound,
+                         gemm, numpy, 2.0 * m * n * k))
+    return "\n".join(rows)
 
 
 def main(argv: list[str] | None = None) -> int:

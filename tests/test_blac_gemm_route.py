@@ -79,6 +79,7 @@ def test_matrix_vector_products_are_not_gemms():
 
 def _spine_kernel(source: str, decls: dict, monkeypatch) -> tuple:
     monkeypatch.setattr(route, "SPINE_L1_MULTIPLE", 0.0)
+    monkeypatch.setattr(route, "ADDEND_MIN_K", 0)
     kernel = blacc.compile(source, **decls)
     assert "blacc_gemm_" in kernel.source, "not computed by the spine"
     typed = _typed(source, decls)
@@ -177,6 +178,10 @@ def test_large_gemms_go_to_the_spine_and_others_stay():
     small = blacc.compile("C = A*B + C", A=M(16, 16, f32), B=M(16, 16, f32),
                           C=M(16, 16, f32))
     assert "blacc_gemm_" not in small.source
+    # other addends: only for a long enough k, where the product outweighs their pass
+    decls = dict(A=M(256, 16, f32), B=M(16, 256, f32), C=M(256, 256, f32), D=M(256, 256, f32))
+    assert "blacc_gemm_" in blacc.compile("C = A*B + C", **decls).source
+    assert "blacc_gemm_" not in blacc.compile("D = A*B + C", **decls).source
     # a large matrix-vector product is streamed by the small path as fast
     matvec = blacc.compile("y = A*x", A=M(400, 400, f32), x=V(400, f32), y=V(400, f32))
     assert "blacc_gemm_" not in matvec.source

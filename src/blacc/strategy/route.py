@@ -5,11 +5,12 @@ operands as they lie: nothing is packed, and nothing is blocked for the caches, 
 is what small operands want. Once A, B and C no longer fit near L1, the spine's GEMM
 (``strategy.gemm``: cache blocks, packed panels, or its own in-place tiles for skinny
 shapes) runs faster. The small path's speed over the spine's, C = A*B + C, one core of
-the Xeon of CPU model 167 (L1 48 KiB; ``benchmarks/fixed_vs_spine.py``, MxNxK): f32
-96^3 (2.3 L1s) 0.98x, 112^3 (3.1) 0.85x, 128^3 0.72x, 600^3 0.59x; f64 64^3 (2.0)
-1.01x, 80^3 (3.1) 0.81x, 600^3 0.34x; 1000 x 1000 x 8 f32 0.96x, and 9.7 s to plan
-against 0.7. Products of a matrix and a vector are not GEMMs here: the small path
-streams the matrix as fast as the spine does (y = A*x + y, 1000 x 1000 f32: 1.02x).
+the Xeon of CPU model 167 (L1 48 KiB; ``benchmarks/fixed_vs_spine.py``, MxNxK; against
+blacc.gemm where the small path is kept): f32 96^3 (2.3 L1s) 1.00x, 112^3 (3.1) 0.82x,
+128^3 0.74x, 600^3 0.61x; f64 64^3 (2.0) 1.00x, 80^3 (3.1) 0.79x, 600^3 0.29x;
+1000 x 1000 x 8 f32 0.95x, planned in 10.0 s against 0.8. Products of a matrix and a
+vector are not GEMMs here: the small path streams the matrix as fast as the spine does
+(y = A*x + y, 1000 x 1000 f32, through Python: 1.02x).
 """
 
 from __future__ import annotations
@@ -22,6 +23,13 @@ from ..transform.as_gemm import GemmStatement
 #: A one-GEMM program goes to the spine when its A, B and C together take more bytes
 #: than this many L1 data caches (between the measurements above).
 SPINE_L1_MULTIPLE = 2.5
+#: A program with other matrices added (``D = alpha*A*B + beta*C``) sums them into the
+#: output in a pass of its own before the GEMM adds the product, where the small path
+#: fuses it; that pass costs as much as a short product saves, so such a program goes
+#: to the spine only from this k up. The spine's speed over the small path's, same
+#: core: 1000 x 1000 x k f32 k = 32 0.79x, 64 0.98x, 96 1.08x, 128 1.15x; f64 64 0.87x,
+#: 96 0.99x, 128 1.13x; 600^3 2.00x, 3.32x (``benchmarks/fixed_vs_spine.py``).
+ADDEND_MIN_K = 96
 #: L1's size where the machine does not say.
 DEFAULT_L1_BYTES = 32 * 1024
 
@@ -29,6 +37,9 @@ DEFAULT_L1_BYTES = 32 * 1024
 def to_spine(stmt: GemmStatement, program: TypedProgram, machine: Machine) -> bool:
     """Whether the spine's GEMM, not the small path, should compute ``stmt``."""
     decls = program.decls
+    k = decls[stmt.a].shape[0 if stmt.trans_a else 1]
+    if stmt.addends and stmt.beta is None and k < ADDEND_MIN_K:
+        return False
     elements = sum(decls[n].shape[0] * decls[n].shape[1]
                    for n in dict.fromkeys((stmt.a, stmt.b, stmt.out)))
     l1 = machine.cache(1)
