@@ -9,6 +9,8 @@ import types
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import blacc
 from blacc.blacs import _typed
@@ -195,3 +197,56 @@ def test_large_gemms_go_to_the_spine_and_others_stay():
     expected = A.astype(np.float64) @ B + C
     large(A=A, B=B, C=C)
     np.testing.assert_allclose(C, expected, rtol=1e-4, atol=1e-4)
+
+
+@st.composite
+def _gemm_programs(draw):
+    """A random one-GEMM program: transposes, scalar factors, signs, layouts with padded
+    leading dimensions, and addends (the output itself or other matrices)."""
+    dt = draw(st.sampled_from(("f32", "f64")))
+    m, n, k = (draw(st.integers(2, 19)) for _ in range(3))
+
+    def matrix(rows: int, cols: int):
+        layout = draw(st.sampled_from(("row", "col")))
+        pad = draw(st.sampled_from((0, 0, 3)))
+        natural = cols if layout == "row" else rows
+        return M(rows, cols, dt, layout=layout, ld=natural + pad if pad else None)
+
+    def operand(name: str, rows: int, cols: int, decls: dict) -> str:
+        if draw(st.booleans()):
+            decls[name] = matrix(cols, rows)
+            return f"{name}'"
+        decls[name] = matrix(rows, cols)
+        return name
+
+    def factor() -> str:
+        return draw(st.sampled_from(("", "alpha*", "2*", "-", "0.5*beta*")))
+
+    decls = {"alpha": S(dt), "beta": S(dt), "C": matrix(m, n)}
+    a, b = operand("A", m, k, decls), operand("B", k, n, decls)
+    product = f"{factor()}{a}*{b}"
+    if draw(st.booleans()):
+        product = f"({factor()}({b}')*({a}'))'"
+    terms = [product]
+    for i in range(draw(st.integers(0, 2))):
+        if draw(st.booleans()):
+            terms.append(f"{factor()}C")
+        else:
+            terms.append(f"{factor()}{operand(f'E{i}', m, n, decls)}")
+    draw(st.randoms()).shuffle(terms)
+    source = "C = " + " + ".join(terms)
+    used = {name for name in decls if name in source.replace("'", " ").replace("*", " ")
+            .replace("(", " ").replace(")", " ").replace("-", " ").split()}
+    return source, {name: d for name, d in decls.items() if name in used}
+
+
+@settings(max_examples=12, derandomize=True, database=None, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(program=_gemm_programs())
+def test_random_gemm_programs_on_the_spine_match_the_reference(program, monkeypatch):
+    source, decls = program
+    kernel, p = _spine_kernel(source, decls, monkeypatch)
+    values = make_values(decls, p.typed.dtype, np.random.default_rng(seed_of(source)))
+    kwargs, outs = call_args(p, values, pass_outputs=True)
+    kernel(**kwargs)
+    assert_matches(p.typed, values, outs, f"{source} {decls}")
