@@ -752,3 +752,30 @@ def test_the_isa_choice_takes_avx512_broadcasts_from_memory_as_loads():
     between = small._cycles(body, AVX512, single=small._single_broadcasts(body)).issue
     assert within.fp - between.fp == 100 * small.BROADCAST_FP
     assert within.loads == between.loads
+
+
+def test_a_long_row_is_a_loop_even_where_the_broadcasts_stay_inside():
+    """D = alpha*A*B + beta*C with B 8 x 600 f32 on AVX2: each block of rows broadcasts
+    its 6 x 8 elements of A again for every group of vectors along a row (they do not
+    fit in the registers the block leaves), and the 75 vectors of a row are a loop over
+    those groups, not 75 vectors of straight-line code (``LONG_ROW_VECTORS``)."""
+    from blacc.transform.blac import LONG_ROW_VECTORS
+
+    f32 = "f32"
+    decls = dict(A=blacc.Matrix(6, 8, f32), B=blacc.Matrix(8, 600, f32),
+                 C=blacc.Matrix(6, 600, f32), D=blacc.Matrix(6, 600, f32),
+                 alpha=blacc.Scalar(f32), beta=blacc.Scalar(f32))
+    source = "D = alpha*A*B + beta*C"
+    form = forms(blacs._typed(source, decls))[0]
+    specs = blacs.arg_specs(blacs._typed(source, decls))
+    (op,) = form.ops
+    sched = (OpSchedule(vector="j", block=(6, 2)),)
+    module = build_module(form, specs, sched, AVX2, "long_row")
+    body = module.function(module.entry).body
+    loops = [f for f in nodes_of(body, k.For) if f.var.name.endswith("j")]
+    assert loops and 600 // 8 > LONG_ROW_VECTORS
+    fmas = [e for e in nodes_of(body, k.Fma)]
+    assert len(fmas) < 6 * 2 * 8 * 4, len(fmas)  # one group's and the leftovers', not 75
+    values = make_values(decls, f32, np.random.default_rng(seed_of("long row")))
+    typed = blacs._typed(source, decls)
+    assert_matches(typed, values, run_interp(module, specs, typed, values), "long row")

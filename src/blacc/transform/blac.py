@@ -992,6 +992,9 @@ def _lower_op(gen: _Gen, program: ix.Program, op: ix.Op, sched: OpSchedule, isa:
                 body += decls
                 body.append(k.For(var, k.Const(0), k.Const(looped * bv * lanes), bv * lanes,
                                   tuple(inner)))
+            elif looped * bv > LONG_ROW_VECTORS:
+                body.append(k.For(var, k.Const(0), k.Const(looped * bv * lanes), bv * lanes,
+                                  tuple(inner)))
             else:
                 for c0 in range(0, looped * bv, bv):
                     group(u0, un, vchunks[c0:c0 + bv], body, straight)
@@ -1515,6 +1518,11 @@ def _blocks_along(extent: int, bu: int, unroll: int, var: k.Var,
             block(k.Const(u0), un, stmts)
 
 
+#: A row of more full vectors than this is a loop over its blocks of vectors even where
+#: the broadcasts of A cannot be hoisted out of it: written out, a row of 1000 f32 makes
+#: a kernel of 10,000 lines that takes 20 s to plan (D = alpha*A*B + beta*C 1000 x 8 x
+#: 1000). LGen's longest rows (100 f64 on AVX2, 25 vectors) stay straight-line code.
+LONG_ROW_VECTORS = 32
 #: Register blocks tried: rows x vector chunks (or x output columns for scalar outputs).
 #: Blocks of 12 and 16 rows fit 32 registers (AVX-512): C = A*B 10 x 10 x 10 f32 in one
 #: block of 10 rows ran 1.13x as fast as in blocks of 8 and 2.
