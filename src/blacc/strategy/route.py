@@ -28,7 +28,9 @@ SPINE_L1_MULTIPLE = 2.5
 #: fuses it; that pass costs as much as a short product saves, so such a program goes
 #: to the spine only from this k up. The spine's speed over the small path's, same
 #: core: 1000 x 1000 x k f32 k = 32 0.79x, 64 0.98x, 96 1.08x, 128 1.15x; f64 64 0.87x,
-#: 96 0.99x, 128 1.13x; 600^3 2.00x, 3.32x (``benchmarks/fixed_vs_spine.py``).
+#: 96 0.99x, 128 1.13x; 600^3 2.00x, 3.32x (``benchmarks/fixed_vs_spine.py``); with
+#: the small path's long rows as loops (``transform.blac.LONG_ROW_VECTORS``) k = 96
+#: 1.08x and 0.99x, 128 1.19x and 1.10x.
 ADDEND_MIN_K = 96
 #: L1's size where the machine does not say.
 DEFAULT_L1_BYTES = 32 * 1024
