@@ -68,6 +68,7 @@ def test_other_addends_are_recognized():
     "C = A*B + A*B*D",        # a product of three
     "C = alpha*C",            # no product
     "C = A*B; D = A*B",       # two statements
+    "C = 1e200*(1e200*A)*B",  # literals whose product overflows
 ])
 def test_other_programs_are_not_one_gemm(source):
     assert gemm_statement(_typed(source, _decls(m=6, n=6, k=6))) is None

@@ -8,7 +8,7 @@ shapes) runs faster. The small path's speed over the spine's, C = A*B + C, one c
 the Xeon of CPU model 167 (L1 48 KiB; ``benchmarks/fixed_vs_spine.py``, MxNxK; against
 blacc.gemm where the small path is kept): f32 96^3 (2.3 L1s) 1.00x, 112^3 (3.1) 0.82x,
 128^3 0.74x, 600^3 0.61x; f64 64^3 (2.0) 1.00x, 80^3 (3.1) 0.79x, 600^3 0.29x;
-1000 x 1000 x 8 f32 0.95x, planned in 10.0 s against 0.8. Products of a matrix and a
+1000 x 1000 x 8 f32 0.95x. Products of a matrix and a
 vector are not GEMMs here: the small path streams the matrix as fast as the spine does
 (y = A*x + y, 1000 x 1000 f32, through Python: 1.02x).
 """

@@ -42,8 +42,8 @@ class Addend:
 
 @dataclass(frozen=True)
 class GemmStatement:
-    """``out = alpha * op(a) * op(b) + addends...``; ``trans_a``: op(a) is a transposed
-    (likewise ``trans_b``)."""
+    """``out = alpha * op(a) * op(b) + addends...``; ``trans_a``: op(a) is the transpose
+    of a (likewise ``trans_b``)."""
 
     out: str
     a: str
@@ -159,4 +159,6 @@ def gemm_statement(program: t.TypedProgram) -> GemmStatement | None:
     alpha, a, trans_a, b, trans_b = product
     if out in (a, b):  # the output read as a whole while it is written
         return None
+    if not all(math.isfinite(f.literal) for f in (alpha, *(x.factor for x in addends))):
+        return None  # literals whose product overflows: left to the small path
     return GemmStatement(out, a, trans_a, b, trans_b, alpha, tuple(addends))
