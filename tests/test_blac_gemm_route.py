@@ -16,7 +16,7 @@ import blacc
 from blacc.blacs import _typed
 from blacc.errors import BlaccError
 from blacc.strategy import route
-from blacc.transform.as_gemm import gemm_statement
+from blacc.transform.as_gemm import Factor, gemm_statement
 from blacc.transform.index_notation import arg_specs
 from test_blac_programs import SENTINEL, assert_matches, call_args, make_values, seed_of
 
@@ -46,7 +46,9 @@ def test_one_gemm_statements_are_recognized(source, a, b, alpha, beta):
     stmt = gemm_statement(_typed(source, _decls()))
     assert stmt is not None
     scalars = {"alpha": 2.0, "beta": 3.0}
-    assert (stmt.out, stmt.a + "'" * stmt.trans_a, stmt.b + "'" * stmt.trans_b) == ("C", a, b)
+    ((x,), (y,)) = stmt.a, stmt.b
+    assert x.factor == y.factor == Factor()  # a plain operand's factor is in alpha
+    assert (stmt.out, x.name + "'" * x.trans, y.name + "'" * y.trans) == ("C", a, b)
     assert _value(stmt.alpha, scalars) == alpha
     assert (None if stmt.beta is None else _value(stmt.beta, scalars)) == beta
 
@@ -62,8 +64,18 @@ def test_other_addends_are_recognized():
     assert got == [("C", False, -3.0), ("E", True, 4.0), ("D", False, 1.0)]
 
 
+def test_operands_that_are_sums_are_recognized():
+    stmt = gemm_statement(_typed("C = alpha*(At + 2*A')'*(B - beta*Bt')", _decls(m=6, n=6, k=6)))
+    assert stmt is not None and stmt.addends == ()
+    scalars = {"alpha": 2.0, "beta": 3.0}
+    assert _value(stmt.alpha, scalars) == 1  # alpha scales the sum's terms
+    assert [(x.name, x.trans, _value(x.factor, scalars)) for x in stmt.a] == [
+        ("At", True, 2), ("A", False, 4)]
+    assert [(x.name, x.trans, _value(x.factor, scalars)) for x in stmt.b] == [
+        ("B", False, 1), ("Bt", True, -3)]
+
+
 @pytest.mark.parametrize("source", [
-    "C = (A + A)*B",          # an operand that is not an array
     "C = A*B + A*B",          # two products
     "C = A*B + A*B*D",        # a product of three
     "C = alpha*C",            # no product
@@ -82,7 +94,7 @@ def test_matrix_vector_products_are_not_gemms():
 
 def _spine_kernel(source: str, decls: dict, monkeypatch) -> tuple:
     monkeypatch.setattr(route, "SPINE_L1_MULTIPLE", 0.0)
-    monkeypatch.setattr(route, "ADDEND_MIN_K", 0)
+    monkeypatch.setattr(route, "PASS_MIN_EXTENT", 0)
     kernel = blacc.compile(source, **decls)
     assert "blacc_gemm_" in kernel.source, "not computed by the spine"
     typed = _typed(source, decls)
@@ -107,6 +119,11 @@ def _spine_kernel(source: str, decls: dict, monkeypatch) -> tuple:
         alpha=S("f64"), beta=S("f64"))),
     ("D = A'*B + C + C", dict(A=M(6, 10, "f32"), B=M(6, 7, "f32"), C=M(10, 7, "f32"),
                              D=M(10, 7, "f32", ld=8))),
+    ("C = alpha*(A0 + A1)'*B + beta*C", dict(
+        A0=M(7, 12, "f64"), A1=M(7, 12, "f64", layout="col", ld=9), B=M(7, 5, "f64"),
+        C=M(12, 5, "f64", layout="col"), alpha=S("f64"), beta=S("f64"))),
+    ("C = (A*(B0 - 2*B1'))' + C", dict(A=M(9, 4, "f32"), B0=M(4, 11, "f32", ld=13),
+                                       B1=M(11, 4, "f32"), C=M(11, 9, "f32"))),
 ])
 def test_spine_programs_match_the_reference(source, decls, monkeypatch):
     kernel, p = _spine_kernel(source, decls, monkeypatch)
@@ -185,6 +202,9 @@ def test_large_gemms_go_to_the_spine_and_others_stay():
     decls = dict(A=M(256, 16, f32), B=M(16, 256, f32), C=M(256, 256, f32), D=M(256, 256, f32))
     assert "blacc_gemm_" in blacc.compile("C = A*B + C", **decls).source
     assert "blacc_gemm_" not in blacc.compile("D = A*B + C", **decls).source
+    # an operand that is a sum: only where the product's other side is long enough
+    assert "blacc_gemm_" not in blacc.compile("C = A*(B + B)", A=M(4, 400, f32),
+                                              B=M(400, 400, f32), C=M(4, 400, f32)).source
     # a large matrix-vector product is streamed by the small path as fast
     matvec = blacc.compile("y = A*x", A=M(400, 400, f32), x=V(400, f32), y=V(400, f32))
     assert "blacc_gemm_" not in matvec.source
@@ -220,11 +240,18 @@ def _gemm_programs(draw):
         decls[name] = matrix(rows, cols)
         return name
 
+    def side(name: str, rows: int, cols: int, decls: dict) -> str:
+        """An operand of the product, or a sum of two."""
+        if draw(st.integers(0, 3)) == 0:
+            x, y = operand(f"{name}0", rows, cols, decls), operand(f"{name}1", rows, cols, decls)
+            return f"({x} {draw(st.sampled_from(('+', '-')))} {factor()}{y})"
+        return operand(name, rows, cols, decls)
+
     def factor() -> str:
         return draw(st.sampled_from(("", "alpha*", "2*", "-", "0.5*beta*")))
 
     decls = {"alpha": S(dt), "beta": S(dt), "C": matrix(m, n)}
-    a, b = operand("A", m, k, decls), operand("B", k, n, decls)
+    a, b = side("A", m, k, decls), side("B", k, n, decls)
     product = f"{factor()}{a}*{b}"
     if draw(st.booleans()):
         product = f"({factor()}({b}')*({a}'))'"

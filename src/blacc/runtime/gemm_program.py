@@ -7,14 +7,16 @@ the fixed extents, strides and scalar factors on. The statement's meaning is kep
 it reads its output (``beta*C``) and beta is 0 at run time, C is first multiplied by 0,
 so that a NaN or infinity in it still reaches the result, as it does on the small path;
 the spine alone would not read C then (BLAS). Other addends (``D = A*B + E``) are summed
-into the output first, which the GEMM then adds the product to (beta = 1).
+into the output first, which the GEMM then adds the product to (beta = 1); an operand
+of the product that is a sum of matrices is summed into a scratch array (``malloc``; the
+entry returns 1 where that fails, as the GEMM does for its packing buffers).
 """
 
 from __future__ import annotations
 
 from ..backend import c as c_backend
 from ..strategy.gemm import plan_for
-from ..transform.as_gemm import Factor, GemmStatement
+from ..transform.as_gemm import Addend, Factor, GemmStatement
 from .gemm import Target, lowered_gemm
 from .signature import ARRAY, IN, ArgSpec
 
@@ -40,18 +42,45 @@ def gemm_program_source(stmt: GemmStatement, specs: tuple[ArgSpec, ...], name: s
     the user gave never reach the C)."""
     by_name = {s.name: s for s in specs}
     params = {s.name: f"p{i}" for i, s in enumerate(specs)}
-    a, b, c = by_name[stmt.a], by_name[stmt.b], by_name[stmt.out]
+    c = by_name[stmt.out]
     dtype = c.dtype
     ctype = _C_TYPE[dtype]
-    # op(A) (m x k) and op(B) (k x n) as pointers and strides
-    a_st, b_st, c_st = _strides(a), _strides(b), _strides(c)
-    if stmt.trans_a:
-        a_st = a_st[::-1]
-    if stmt.trans_b:
-        b_st = b_st[::-1]
     m, n = c.rows, c.cols
-    k = a.rows if stmt.trans_a else a.cols
-    x, y = (params[stmt.a], a_st), (params[stmt.b], b_st)
+    first = by_name[stmt.a[0].name]
+    k = first.rows if stmt.a[0].trans else first.cols
+    body: list[str] = []
+    scratch: list[str] = []
+
+    def operand(terms: tuple[Addend, ...], rows: int, cols: int, label: str
+                ) -> tuple[str, tuple[int, int]]:
+        """A pointer to op(X) (rows x cols) and its strides: the operand itself, or a
+        scratch array holding the sum of its terms."""
+        if len(terms) == 1 and terms[0].factor == Factor():
+            x = terms[0]
+            return params[x.name], _strides(by_name[x.name])[:: -1 if x.trans else 1]
+        buf = f"t{label}"
+        scratch.append(buf)
+        # where every term is transposed, the sum is formed as the terms lie (rows read
+        # along memory) and passed transposed
+        flip = all(x.trans for x in terms)
+        r, q = (cols, rows) if flip else (rows, cols)
+        body.append(f"{ctype} *{buf} = malloc(sizeof({ctype}) * {rows * cols});")
+        body.append(f"if (!{buf}) {{ {' '.join(f'free({b});' for b in scratch[:-1])} "
+                    "return 1; }")
+        sums = []
+        for i, x in enumerate(terms):
+            s0, s1 = _strides(by_name[x.name])[:: -1 if x.trans != flip else 1]
+            body.append(f"{ctype} {buf}{i} = {_factor(x.factor, params, ctype)};")
+            sums.append(f"{buf}{i} * {params[x.name]}[i * {s0} + j * {s1}]")
+        body.extend([f"for (int64_t i = 0; i < {r}; i++)",
+                     f"    for (int64_t j = 0; j < {q}; j++)",
+                     f"        {buf}[i * {q} + j] = {' + '.join(sums)};"])
+        return buf, ((1, q) if flip else (q, 1))
+
+    # op(A) (m x k) and op(B) (k x n) as pointers and strides
+    x = operand(stmt.a, m, k, "a")
+    y = operand(stmt.b, k, n, "b")
+    c_st = _strides(c)
     if c_st[1] != 1:  # C by columns: compute C' = op(B)' op(A)', whose rows are C's columns
         x, y = (y[0], y[1][::-1]), (x[0], x[1][::-1])
         m, n, c_st = n, m, c_st[::-1]
@@ -70,7 +99,7 @@ def gemm_program_source(stmt: GemmStatement, specs: tuple[ArgSpec, ...], name: s
         else:
             signature.append(f"{ctype} p{i}")
     alpha = _factor(stmt.alpha, params, ctype)
-    body = [f"{ctype} alpha = {alpha};"]
+    body.append(f"{ctype} alpha = {alpha};")
     out, (rs, cs) = params[stmt.out], _strides(c)
     rows, cols = ("i", c.rows, rs), ("j", c.cols, cs)
     loops = (rows, cols) if c.layout == "row" else (cols, rows)  # along C's memory
@@ -96,7 +125,11 @@ def gemm_program_source(stmt: GemmStatement, specs: tuple[ArgSpec, ...], name: s
                  f"{ctype} beta = 1;"]
     args = [*extents, "alpha", x[0], *map(str, x[1]), y[0], *map(str, y[1]), "beta",
             params[stmt.out], *map(str, c_st)]
-    body.append(f"return {entry.name}({', '.join(args)});")
+    if scratch:
+        body += [f"int status = {entry.name}({', '.join(args)});",
+                 *(f"free({b});" for b in scratch), "return status;"]
+    else:
+        body.append(f"return {entry.name}({', '.join(args)});")
     return (c_backend.render(module, target.isa)
             + "\n/* the program's signature: C = alpha * op(A) * op(B) + beta * C */\n"
             + f"int {name}({', '.join(signature) or 'void'}) {{\n"

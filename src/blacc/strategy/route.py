@@ -26,12 +26,16 @@ SPINE_L1_MULTIPLE = 2.5
 #: A program with other matrices added (``D = alpha*A*B + beta*C``) sums them into the
 #: output in a pass of its own before the GEMM adds the product, where the small path
 #: fuses it; that pass costs as much as a short product saves, so such a program goes
-#: to the spine only from this k up. The spine's speed over the small path's, same
-#: core: 1000 x 1000 x k f32 k = 32 0.79x, 64 0.98x, 96 1.08x, 128 1.15x; f64 64 0.87x,
-#: 96 0.99x, 128 1.13x; 600^3 2.00x, 3.32x (``benchmarks/fixed_vs_spine.py``); with
-#: the small path's long rows as loops (``transform.blac.LONG_ROW_VECTORS``) k = 96
-#: 1.08x and 0.99x, 128 1.19x and 1.10x.
-ADDEND_MIN_K = 96
+#: to the spine only where k is at least this. The spine's speed over the small path's,
+#: same core: 1000 x 1000 x k f32 k = 32 0.79x, 64 0.98x, 96 1.08x, 128 1.15x; f64 64
+#: 0.87x, 96 0.99x, 128 1.13x; 600^3 2.00x, 3.32x (``benchmarks/fixed_vs_spine.py``);
+#: with the small path's long rows as loops (``transform.blac.LONG_ROW_VECTORS``) k = 96
+#: 1.08x and 0.99x, 128 1.19x and 1.10x. An operand of the product that is a sum of
+#: matrices is computed into a scratch array the same way, a pass over op(A) (m x k) that
+#: n must outweigh (over op(B), m), and the same limit holds: C = alpha*(A0 + A1)'*B +
+#: beta*C 600 x 600 x n, n = 32 1.01x and 1.02x, 64 0.93x and 1.12x, 96 1.15x and 1.39x,
+#: 128 1.14x and 1.50x (f32, f64).
+PASS_MIN_EXTENT = 96
 #: L1's size where the machine does not say.
 DEFAULT_L1_BYTES = 32 * 1024
 
@@ -39,11 +43,14 @@ DEFAULT_L1_BYTES = 32 * 1024
 def to_spine(stmt: GemmStatement, program: TypedProgram, machine: Machine) -> bool:
     """Whether the spine's GEMM, not the small path, should compute ``stmt``."""
     decls = program.decls
-    k = decls[stmt.a].shape[0 if stmt.trans_a else 1]
-    if stmt.addends and stmt.beta is None and k < ADDEND_MIN_K:
+    m, n = decls[stmt.out].shape
+    first = stmt.a[0]
+    k = decls[first.name].shape[0 if first.trans else 1]
+    passes = ((stmt.addends and stmt.beta is None, k), (len(stmt.a) > 1, n),
+              (len(stmt.b) > 1, m))
+    if any(needed and extent < PASS_MIN_EXTENT for needed, extent in passes):
         return False
-    elements = sum(decls[n].shape[0] * decls[n].shape[1]
-                   for n in dict.fromkeys((stmt.a, stmt.b, stmt.out)))
     l1 = machine.cache(1)
     l1_bytes = l1.size if l1 is not None else DEFAULT_L1_BYTES
+    elements = m * k + k * n + m * n
     return elements * itemsize(program.dtype) > SPINE_L1_MULTIPLE * l1_bytes

@@ -6,14 +6,16 @@ that are declared scalars or literals (``2*A*B``, ``-A*B``, ``C - A*B``) and the
 beta*C``; with other matrices added (``D = A*B + beta*C + E'``), their sum goes into the
 output first and the product is added to it. Large ones run faster there, cache-blocked
 and packed, than as the fused register-tiled loops of the small path
-(``strategy.route``). Anything else, a product of more than two matrices or of a sum
-(``(A0 + A1)*B``), a product with a vector, several statements, is not matched.
+(``strategy.route``). An operand of the product may itself be a sum of such matrices
+(``C = alpha*(A0 + A1)'*B + beta*C``), computed once into a scratch array. Anything
+else, a product of more than two matrices, a product with a vector, several statements,
+is not matched.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..frontend import typed as t
 from ..frontend.types import Scalar
@@ -42,14 +44,13 @@ class Addend:
 
 @dataclass(frozen=True)
 class GemmStatement:
-    """``out = alpha * op(a) * op(b) + addends...``; ``trans_a``: op(a) is the transpose
-    of a (likewise ``trans_b``)."""
+    """``out = alpha * op(A) * op(B) + addends...``, where op(A) is the sum of the terms
+    ``a`` (one term of factor 1 for a plain operand, transposed or not) and op(B) that of
+    ``b``."""
 
     out: str
-    a: str
-    trans_a: bool
-    b: str
-    trans_b: bool
+    a: tuple[Addend, ...]
+    b: tuple[Addend, ...]
     alpha: Factor
     addends: tuple[Addend, ...] = ()
 
@@ -118,20 +119,56 @@ def _side(e: t.TExpr, decls: t.Decls) -> tuple[Factor, str, bool] | None:
     return None if inner is None else (peeled[0].times(inner[0]), inner[1], inner[2])
 
 
-def _product(e: t.TExpr, decls: t.Decls) -> tuple[Factor, str, bool, str, bool] | None:
-    """(scalar factors, a, trans_a, b, trans_b) for ``op(A)*op(B)``, however scaled and
-    transposed: ``(op(A)*op(B))' = op(B)'*op(A)'``."""
+def _combination(e: t.TExpr, decls: t.Decls) -> tuple[Addend, ...] | None:
+    """An operand of a product as a sum of scaled, transposed or plain matrices:
+    ``alpha*(A0 + A1)'`` -> (alpha A0', alpha A1')."""
+    side = _side(e, decls)
+    if side is not None:
+        return (Addend(side[1], side[2], side[0]),)
+    if isinstance(e, t.TTranspose):
+        inner = _combination(e.x, decls)
+        return None if inner is None else tuple(replace(x, trans=not x.trans) for x in inner)
+    if isinstance(e, (t.TAdd, t.TSub)):
+        out: list[Addend] = []
+        for sign, term in _terms(e):
+            inner = _combination(term, decls)
+            if inner is None:
+                return None
+            out += [replace(x, factor=Factor(sign).times(x.factor)) for x in inner]
+        return tuple(out)
+    peeled = _peeled(e, decls)
+    if peeled is None or peeled[1] is e:
+        return None
+    inner = _combination(peeled[1], decls)
+    return None if inner is None else tuple(replace(x, factor=peeled[0].times(x.factor))
+                                            for x in inner)
+
+
+def _flipped(terms: tuple[Addend, ...]) -> tuple[Addend, ...]:
+    return tuple(replace(x, trans=not x.trans) for x in terms)
+
+
+def _product(e: t.TExpr, decls: t.Decls
+             ) -> tuple[Factor, tuple[Addend, ...], tuple[Addend, ...]] | None:
+    """(scalar factors, op(A)'s terms, op(B)'s terms) for ``op(A)*op(B)``, however scaled
+    and transposed (``(op(A)*op(B))' = op(B)'*op(A)'``); a one-term operand's factor
+    moves into the scalar factors."""
     if isinstance(e, t.TTranspose):
         inner = _product(e.x, decls)
         if inner is None:
             return None
-        f, a, ta, b, tb = inner
-        return f, b, not tb, a, not ta
+        f, a, b = inner
+        return f, _flipped(b), _flipped(a)
     if isinstance(e, t.TMul) and e.op == "matmul":
-        a, b = _side(e.a, decls), _side(e.b, decls)
+        a, b = _combination(e.a, decls), _combination(e.b, decls)
         if a is None or b is None:
             return None
-        return a[0].times(b[0]), a[1], a[2], b[1], b[2]
+        factor = Factor()
+        if len(a) == 1:
+            factor, a = factor.times(a[0].factor), (replace(a[0], factor=Factor()),)
+        if len(b) == 1:
+            factor, b = factor.times(b[0].factor), (replace(b[0], factor=Factor()),)
+        return factor, a, b
     peeled = _peeled(e, decls)
     if peeled is None or peeled[1] is e:
         return None
@@ -145,7 +182,7 @@ def gemm_statement(program: t.TypedProgram) -> GemmStatement | None:
         return None
     (stmt,) = program.statements
     out, decls = stmt.target, program.decls
-    product: tuple[Factor, str, bool, str, bool] | None = None
+    product: tuple[Factor, tuple[Addend, ...], tuple[Addend, ...]] | None = None
     addends: list[Addend] = []
     for sign, term in _terms(stmt.expr):
         if product is None and (found := _product(term, decls)) is not None:
@@ -156,9 +193,10 @@ def gemm_statement(program: t.TypedProgram) -> GemmStatement | None:
             return None
     if product is None:
         return None
-    alpha, a, trans_a, b, trans_b = product
-    if out in (a, b):  # the output read as a whole while it is written
+    alpha, a, b = product
+    if out in {x.name for x in a + b}:  # the output read as a whole while it is written
         return None
-    if not all(math.isfinite(f.literal) for f in (alpha, *(x.factor for x in addends))):
+    factors = (alpha, *(x.factor for x in (*a, *b, *addends)))
+    if not all(math.isfinite(f.literal) for f in factors):
         return None  # literals whose product overflows: left to the small path
-    return GemmStatement(out, a, trans_a, b, trans_b, alpha, tuple(addends))
+    return GemmStatement(out, a, b, alpha, tuple(addends))
