@@ -45,37 +45,49 @@ def gemm_program_source(stmt: GemmStatement, specs: tuple[ArgSpec, ...], name: s
     c = by_name[stmt.out]
     dtype = c.dtype
     ctype = _C_TYPE[dtype]
-    m, n = c.rows, c.cols
-    first = by_name[stmt.a[0].name]
-    k = first.rows if stmt.a[0].trans else first.cols
+    m, n, k = stmt.extents({s.name: (s.rows, s.cols) for s in specs})
     body: list[str] = []
     scratch: list[str] = []
+
+    def strides(x: Addend, flip: bool = False) -> tuple[int, int]:
+        """Strides of op(X), or of its transpose where ``flip``."""
+        return _strides(by_name[x.name])[:: -1 if x.trans != flip else 1]
+
+    def sum_into(dest: str, dest_strides: tuple[int, int], rows: int, cols: int,
+                 terms: tuple[Addend, ...], label: str, flip: bool = False,
+                 indent: str = "") -> None:
+        """Loops setting ``dest`` (rows x cols) to the sum of ``terms`` (transposed where
+        ``flip``), along ``dest``'s memory; one factor per term, named after ``label``."""
+        lines, sums = [], []
+        for i, x in enumerate(terms):
+            s0, s1 = strides(x, flip)
+            lines.append(f"{ctype} {label}{i} = {_factor(x.factor, params, ctype)};")
+            sums.append(f"{label}{i} * {params[x.name]}[i * {s0} + j * {s1}]")
+        loops = [("i", rows), ("j", cols)][:: 1 if dest_strides[1] == 1 else -1]
+        lines.extend(f"{'    ' * d}for (int64_t {v} = 0; {v} < {extent}; {v}++)"
+                     for d, (v, extent) in enumerate(loops))
+        r, q = dest_strides
+        lines.append(f"        {dest}[i * {r} + j * {q}] = {' + '.join(sums)};")
+        body.extend(indent + line for line in lines)
 
     def operand(terms: tuple[Addend, ...], rows: int, cols: int, label: str
                 ) -> tuple[str, tuple[int, int]]:
         """A pointer to op(X) (rows x cols) and its strides: the operand itself, or a
         scratch array holding the sum of its terms."""
         if len(terms) == 1 and terms[0].factor == Factor():
-            x = terms[0]
-            return params[x.name], _strides(by_name[x.name])[:: -1 if x.trans else 1]
+            return params[terms[0].name], strides(terms[0])
         buf = f"t{label}"
         scratch.append(buf)
-        # where every term is transposed, the sum is formed as the terms lie (rows read
-        # along memory) and passed transposed
-        flip = all(x.trans for x in terms)
-        r, q = (cols, rows) if flip else (rows, cols)
         body.append(f"{ctype} *{buf} = malloc(sizeof({ctype}) * {rows * cols});")
         body.append(f"if (!{buf}) {{ {' '.join(f'free({b});' for b in scratch[:-1])} "
                     "return 1; }")
-        sums = []
-        for i, x in enumerate(terms):
-            s0, s1 = _strides(by_name[x.name])[:: -1 if x.trans != flip else 1]
-            body.append(f"{ctype} {buf}{i} = {_factor(x.factor, params, ctype)};")
-            sums.append(f"{buf}{i} * {params[x.name]}[i * {s0} + j * {s1}]")
-        body.extend([f"for (int64_t i = 0; i < {r}; i++)",
-                     f"    for (int64_t j = 0; j < {q}; j++)",
-                     f"        {buf}[i * {q} + j] = {' + '.join(sums)};"])
-        return buf, ((1, q) if flip else (q, 1))
+        # where every term is transposed, the sum is formed as the terms lie (rows read
+        # along memory) and passed transposed
+        if all(x.trans for x in terms):
+            sum_into(buf, (rows, 1), cols, rows, terms, buf, flip=True)
+            return buf, (1, rows)
+        sum_into(buf, (cols, 1), rows, cols, terms, buf)
+        return buf, (cols, 1)
 
     # op(A) (m x k) and op(B) (k x n) as pointers and strides
     x = operand(stmt.a, m, k, "a")
@@ -98,33 +110,21 @@ def gemm_program_source(stmt: GemmStatement, specs: tuple[ArgSpec, ...], name: s
             signature.append(f"{const}{ctype} *restrict p{i}")
         else:
             signature.append(f"{ctype} p{i}")
-    alpha = _factor(stmt.alpha, params, ctype)
-    body.append(f"{ctype} alpha = {alpha};")
-    out, (rs, cs) = params[stmt.out], _strides(c)
-    rows, cols = ("i", c.rows, rs), ("j", c.cols, cs)
-    loops = (rows, cols) if c.layout == "row" else (cols, rows)  # along C's memory
-    nest = [f"{'    ' * d}for (int64_t {v} = 0; {v} < {extent}; {v}++)"
-            for d, (v, extent, _) in enumerate(loops)]
-    at = f"[i * {rs} + j * {cs}]"
+    body.append(f"{ctype} alpha = {_factor(stmt.alpha, params, ctype)};")
+    out = params[stmt.out]
     if not stmt.addends:
         body.append(f"{ctype} beta = 0;")
     elif (beta := stmt.beta) is not None:
         body += [f"{ctype} beta = {_factor(beta, params, ctype)};",
-                 "if (beta == 0) {  /* 0*C, as written: NaN and infinity stay */",
-                 *(f"    {line}" for line in nest),
-                 f"            {out}{at} *= 0;",
-                 "    beta = 1;",
-                 "}"]
+                 "if (beta == 0) {  /* 0*C, as written: NaN and infinity stay */"]
+        zero = Addend(stmt.out, False, Factor(literal=0.0))
+        sum_into(out, _strides(c), c.rows, c.cols, (zero,), "z", indent="    ")
+        body += ["    beta = 1;", "}"]
     else:  # C = the sum of the addends, then C += alpha op(A) op(B)
-        terms = []
-        for i, add in enumerate(stmt.addends):
-            s0, s1 = _strides(by_name[add.name])[:: -1 if add.trans else 1]
-            body.append(f"{ctype} f{i} = {_factor(add.factor, params, ctype)};")
-            terms.append(f"f{i} * {params[add.name]}[i * {s0} + j * {s1}]")
-        body += [*nest, f"        {out}{at} = {' + '.join(terms)};",
-                 f"{ctype} beta = 1;"]
+        sum_into(out, _strides(c), c.rows, c.cols, stmt.addends, "f")
+        body.append(f"{ctype} beta = 1;")
     args = [*extents, "alpha", x[0], *map(str, x[1]), y[0], *map(str, y[1]), "beta",
-            params[stmt.out], *map(str, c_st)]
+            out, *map(str, c_st)]
     if scratch:
         body += [f"int status = {entry.name}({', '.join(args)});",
                  *(f"free({b});" for b in scratch), "return status;"]
@@ -134,3 +134,4 @@ def gemm_program_source(stmt: GemmStatement, specs: tuple[ArgSpec, ...], name: s
             + "\n/* the program's signature: C = alpha * op(A) * op(B) + beta * C */\n"
             + f"int {name}({', '.join(signature) or 'void'}) {{\n"
             + "".join(f"    {line}\n" for line in body) + "}\n")
+

@@ -42,10 +42,7 @@ DEFAULT_L1_BYTES = 32 * 1024
 
 def to_spine(stmt: GemmStatement, program: TypedProgram, machine: Machine) -> bool:
     """Whether the spine's GEMM, not the small path, should compute ``stmt``."""
-    decls = program.decls
-    m, n = decls[stmt.out].shape
-    first = stmt.a[0]
-    k = decls[first.name].shape[0 if first.trans else 1]
+    m, n, k = stmt.extents({name: d.shape for name, d in program.decls.items()})
     passes = ((stmt.addends and stmt.beta is None, k), (len(stmt.a) > 1, n),
               (len(stmt.b) > 1, m))
     if any(needed and extent < PASS_MIN_EXTENT for needed, extent in passes):

@@ -15,6 +15,7 @@ is not matched.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 from ..frontend import typed as t
@@ -53,6 +54,12 @@ class GemmStatement:
     b: tuple[Addend, ...]
     alpha: Factor
     addends: tuple[Addend, ...] = ()
+
+    def extents(self, shapes: Mapping[str, tuple[int, int]]) -> tuple[int, int, int]:
+        """(m, n, k), the operands' shapes given by name: op(A) is m x k, op(B) k x n."""
+        m, n = shapes[self.out]
+        first = shapes[self.a[0].name]
+        return m, n, first[0] if self.a[0].trans else first[1]
 
     @property
     def beta(self) -> Factor | None:
@@ -104,44 +111,31 @@ def _peeled(e: t.TExpr, decls: t.Decls) -> tuple[Factor, t.TExpr] | None:
             return factor, e
 
 
-def _side(e: t.TExpr, decls: t.Decls) -> tuple[Factor, str, bool] | None:
-    """(scalar factors, name, transposed) for an operand of a product: ``A``, ``A'``,
-    ``(alpha*A)'``..."""
-    if isinstance(e, t.TRef):
-        return (Factor(), e.name, False) if e.kind == "matrix" else None
-    if isinstance(e, t.TTranspose):
-        inner = _side(e.x, decls)
-        return None if inner is None else (inner[0], inner[1], not inner[2])
-    peeled = _peeled(e, decls)
-    if peeled is None or peeled[1] is e:
-        return None
-    inner = _side(peeled[1], decls)
-    return None if inner is None else (peeled[0].times(inner[0]), inner[1], inner[2])
-
-
 def _combination(e: t.TExpr, decls: t.Decls) -> tuple[Addend, ...] | None:
     """An operand of a product as a sum of scaled, transposed or plain matrices:
-    ``alpha*(A0 + A1)'`` -> (alpha A0', alpha A1')."""
-    side = _side(e, decls)
-    if side is not None:
-        return (Addend(side[1], side[2], side[0]),)
+    ``alpha*(A0 + A1)'`` -> (alpha A0', alpha A1'); ``(alpha*A)'`` -> (alpha A',)."""
+    if isinstance(e, t.TRef):
+        return (Addend(e.name, False, Factor()),) if e.kind == "matrix" else None
     if isinstance(e, t.TTranspose):
         inner = _combination(e.x, decls)
-        return None if inner is None else tuple(replace(x, trans=not x.trans) for x in inner)
+        return None if inner is None else _flipped(inner)
     if isinstance(e, (t.TAdd, t.TSub)):
         out: list[Addend] = []
         for sign, term in _terms(e):
             inner = _combination(term, decls)
             if inner is None:
                 return None
-            out += [replace(x, factor=Factor(sign).times(x.factor)) for x in inner]
+            out += _scaled(inner, Factor(sign))
         return tuple(out)
     peeled = _peeled(e, decls)
     if peeled is None or peeled[1] is e:
         return None
     inner = _combination(peeled[1], decls)
-    return None if inner is None else tuple(replace(x, factor=peeled[0].times(x.factor))
-                                            for x in inner)
+    return None if inner is None else _scaled(inner, peeled[0])
+
+
+def _scaled(terms: tuple[Addend, ...], factor: Factor) -> tuple[Addend, ...]:
+    return tuple(replace(x, factor=factor.times(x.factor)) for x in terms)
 
 
 def _flipped(terms: tuple[Addend, ...]) -> tuple[Addend, ...]:
@@ -187,8 +181,8 @@ def gemm_statement(program: t.TypedProgram) -> GemmStatement | None:
     for sign, term in _terms(stmt.expr):
         if product is None and (found := _product(term, decls)) is not None:
             product = (Factor(sign).times(found[0]), *found[1:])
-        elif (side := _side(term, decls)) is not None:
-            addends.append(Addend(side[1], side[2], Factor(sign).times(side[0])))
+        elif (found := _combination(term, decls)) is not None and len(found) == 1:
+            addends += _scaled(found, Factor(sign))
         else:
             return None
     if product is None:

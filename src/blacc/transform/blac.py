@@ -990,9 +990,7 @@ def _lower_op(gen: _Gen, program: ix.Program, op: ix.Op, sched: OpSchedule, isa:
             if hoisted is not None:
                 decls, inner, tail = hoisted
                 body += decls
-                body.append(k.For(var, k.Const(0), k.Const(looped * bv * lanes), bv * lanes,
-                                  tuple(inner)))
-            elif looped * bv > LONG_ROW_VECTORS:
+            if hoisted is not None or looped * bv > LONG_ROW_VECTORS:
                 body.append(k.For(var, k.Const(0), k.Const(looped * bv * lanes), bv * lanes,
                                   tuple(inner)))
             else:
