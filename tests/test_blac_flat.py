@@ -103,6 +103,11 @@ PROGRAMS = {
     "column_major": ("C = A*B + C", lambda m, n, kk, dt: dict(
         A=M(m, kk, dt, layout="col"), B=M(kk, n, dt, ld=n + 1),
         C=M(m, n, dt, layout="col"))),
+    # two sums side by side, over kk + 1 and kk, whose indices may share a name: x and y
+    # held for their own sum's terms only (they were loaded over both, past their end)
+    "dot_scaled": ("C = (x'*y)*(A*B) + C", lambda m, n, kk, dt: dict(
+        x=V(kk + 1, dt), y=V(kk + 1, dt), A=M(m, kk, dt), B=M(kk, n, dt, layout="col"),
+        C=M(m, n, dt))),
 }
 SHAPES = [(2, 2, 2, "f32"), (3, 3, 3, "f32"), (3, 5, 4, "f32"), (5, 5, 5, "f32"),
           (4, 4, 6, "f32"), (4, 4, 4, "f32"), (2, 4, 3, "f32"), (2, 2, 3, "f64"),
@@ -126,7 +131,8 @@ def test_flat_candidates_agree_with_numpy(name, m, n, kk, dtype):
     ("sum_transposed", 3, 3, 3, "f32"), ("update", 3, 5, 4, "f32"),
     ("both_transposed", 5, 5, 5, "f32"), ("column_major", 3, 3, 3, "f64"),
     ("update", 4, 3, 2, "f64"), ("sum_transposed", 4, 4, 4, "f32"),
-    ("update", 4, 4, 3, "f64"), ("accumulate", 2, 4, 3, "f32")])
+    ("update", 4, 4, 3, "f64"), ("accumulate", 2, 4, 3, "f32"),
+    ("dot_scaled", 2, 3, 6, "f32")])
 def test_flat_compiled_against_guard_pages(tmp_path, name, m, n, kk, dtype):
     """Each flat candidate compiled by gcc with -Werror (always) and run on operands
     against guard pages where the CPU has AVX-512."""
