@@ -1,7 +1,9 @@
-"""Fixed-size programs that are one GEMM, ``C = A*B + C`` and ``D = alpha*A*B + beta*C``:
-blacc.compile's kernel (the small path or the spine's GEMM, whichever ``strategy.route``
-picks) against the small path forced, blacc.gemm (for D, after ``D = beta*C`` in NumPy)
-and NumPy, on one core. See "Programs that are one GEMM" in benchmarks/README.md.
+"""Fixed-size programs that are GEMMs, ``C = A*B + C``, ``D = alpha*A*B + beta*C`` and
+``E = A*B*F`` (F n x n): blacc.compile's kernel (the small path or the spine's GEMMs,
+whichever ``strategy.route`` picks) against the small path forced, blacc.gemm (for D,
+after ``D = beta*C`` in NumPy; for E, twice, in the association with fewer multiplies,
+which blacc takes and whose flops count) and NumPy (``multi_dot`` for E), on one core.
+See "Programs that are GEMMs" in benchmarks/README.md.
 
     python benchmarks/fixed_vs_spine.py                        # the shapes below, f32 and f64
     python benchmarks/fixed_vs_spine.py --shapes 600x600x600 --dtype float64
@@ -40,28 +42,45 @@ def _compile(source: str, decls: dict, multiple: float) -> tuple[object, float]:
         route.SPINE_L1_MULTIPLE = saved
 
 
-def _programs(a: np.ndarray, b: np.ndarray, c: np.ndarray, d: np.ndarray) -> list[tuple]:
-    """(label, source, arguments, the float64 result, blacc.gemm's call, NumPy's call) for
-    each program, on these operands (the first updates a copy of c)."""
+def _programs(a: np.ndarray, b: np.ndarray, c: np.ndarray, d: np.ndarray, f: np.ndarray
+              ) -> list[tuple]:
+    """(label, source, arguments, the float64 result, blacc.gemm's call, NumPy's call,
+    flops) for each program, on these operands (the first updates a copy of c)."""
     a64, c64 = a.astype(np.float64), c.astype(np.float64)
     t, c1 = a.dtype.type, c.copy()
+    (m, k), n = a.shape, b.shape[1]
+    e = np.empty_like(c)
+    # E = A*B*F as blacc computes it, in the association with fewer multiplies; the
+    # peers so too (NumPy's multi_dot chooses alike)
+    if k * n * n + m * k * n < m * k * n + m * n * n:
+        bf = np.empty((k, n), a.dtype)
+        chain, chain_flops = (lambda: blacc.gemm(a, blacc.gemm(b, f, bf), e),
+                              2.0 * (k * n * n + m * k * n))
+    else:
+        ab = np.empty_like(c)
+        chain, chain_flops = (lambda: blacc.gemm(blacc.gemm(a, b, ab), f, e),
+                              2.0 * (m * k * n + m * n * n))
     return [
         ("C+=AB", "C = A*B + C", dict(A=a, B=b, C=c1), a64 @ b + c64,
-         lambda: blacc.gemm(a, b, c1, beta=1.0), lambda: np.add(np.matmul(a, b), c1, out=c1)),
+         lambda: blacc.gemm(a, b, c1, beta=1.0), lambda: np.add(np.matmul(a, b), c1, out=c1),
+         2.0 * m * n * k),
         ("D=aAB+bC", "D = alpha*A*B + beta*C", dict(A=a, B=b, C=c, D=d, alpha=ALPHA, beta=BETA),
          ALPHA * (a64 @ b) + BETA * c64,
          lambda: blacc.gemm(a, b, np.multiply(c, t(BETA), out=d), alpha=ALPHA, beta=1.0),
          lambda: np.add(np.multiply(np.matmul(a, b), t(ALPHA)), np.multiply(c, t(BETA)),
-                        out=d)),
+                        out=d), 2.0 * m * n * k),
+        ("E=ABF", "E = A*B*F", dict(A=a, B=b, F=f, E=e), a64 @ b @ f, chain,
+         lambda: np.linalg.multi_dot([a, b, f], out=e), chain_flops),
     ]
 
 
 def _row(dtype: np.dtype, label: str, shape: str, source: str, decls: dict, args: dict,
-         expected: np.ndarray, bound: np.ndarray, gemm: Callable[[], object],
-         numpy: Callable[[], object], flops: float) -> str:
+         expected: np.ndarray, gemm: Callable[[], object], numpy: Callable[[], object],
+         flops: float) -> str:
     routed, routed_s = _compile(source, decls, route.SPINE_L1_MULTIPLE)
     small, small_s = _compile(source, decls, float("inf"))
-    out = "D" if "D" in args else "C"
+    out = source.split()[0]
+    bound = _bound(source, args)
     for name, kernel in (("compile", routed), ("small path", small)):
         trial = {n: (v.copy() if isinstance(v, np.ndarray) else v) for n, v in args.items()}
         kernel(**trial)
@@ -80,22 +99,33 @@ def _row(dtype: np.dtype, label: str, shape: str, source: str, decls: dict, args
             f"{ratios}  {routed_s:5.1f} {small_s:5.1f}")
 
 
+def _bound(source: str, args: dict) -> np.ndarray:
+    """What rounding allows in each element of the program's result: 8 eps times the
+    inner extents and the scale of every term, computed on absolute values."""
+    a, b = (np.abs(args[n].astype(np.float64)) for n in "AB")
+    eps = float(np.finfo(args["A"].dtype).eps)
+    if "F" in args:
+        f = np.abs(args["F"].astype(np.float64))
+        return 8 * eps * (a.shape[1] + f.shape[0]) * (a @ b @ f)
+    return 8 * a.shape[1] * eps * BETA * (a @ b + np.abs(args["C"].astype(np.float64)))
+
+
 def bench(dtype: np.dtype, m: int, n: int, k: int) -> str:
     dt = "f32" if dtype == np.float32 else "f64"
     decls = dict(A=blacc.Matrix(m, k, dt), B=blacc.Matrix(k, n, dt), C=blacc.Matrix(m, n, dt),
-                 D=blacc.Matrix(m, n, dt), alpha=blacc.Scalar(dt), beta=blacc.Scalar(dt))
+                 D=blacc.Matrix(m, n, dt), E=blacc.Matrix(m, n, dt), F=blacc.Matrix(n, n, dt),
+                 alpha=blacc.Scalar(dt), beta=blacc.Scalar(dt))
     rng = np.random.default_rng([m, n, k])
     a = rng.uniform(-1, 1, (m, k)).astype(dtype)
     b = rng.uniform(-1, 1, (k, n)).astype(dtype)
     c = rng.uniform(-1, 1, (m, n)).astype(dtype)
+    f = rng.uniform(-1, 1, (n, n)).astype(dtype)
     d = np.empty_like(c)
-    scale = 8 * k * float(np.finfo(dtype).eps) * BETA
-    bound = scale * (np.abs(a) @ np.abs(b) + np.abs(c))
     rows = []
-    for label, source, args, expected, gemm, numpy in _programs(a, b, c, d):
+    for label, source, args, expected, gemm, numpy, flops in _programs(a, b, c, d, f):
         used = {name: decls[name] for name in args}
-        rows.append(_row(dtype, label, f"{m}x{n}x{k}", source, used, args, expected, bound,
-                         gemm, numpy, 2.0 * m * n * k))
+        rows.append(_row(dtype, label, f"{m}x{n}x{k}", source, used, args, expected, gemm,
+                         numpy, flops))
     return "\n".join(rows)
 
 

@@ -1,6 +1,6 @@
-"""Programs that are one GEMM: recognized (``transform.as_gemm``), sent to the spine's
-GEMM when large (``strategy.route``), and computed there with the program's own meaning
-and signature (``runtime.gemm_program``). The spine is forced at small sizes
+"""Programs that are GEMMs: recognized (``transform.as_gemm``), sent to the spine's GEMM
+when large (``strategy.route``), and computed there with the program's own meaning and
+signature (``runtime.gemm_program``). The spine is forced at small sizes
 (``SPINE_L1_MULTIPLE`` = 0) so that each case compiles quickly."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import blacc
 from blacc.blacs import _typed
 from blacc.errors import BlaccError
 from blacc.strategy import route
-from blacc.transform.as_gemm import Factor, gemm_statement
+from blacc.transform.as_gemm import Factor, gemm_program
 from blacc.transform.index_notation import arg_specs
 from test_blac_programs import SENTINEL, assert_matches, call_args, make_values, seed_of
 
@@ -26,6 +26,12 @@ M, V, S = blacc.Matrix, blacc.Vector, blacc.Scalar
 def _decls(dt: str = "f32", m: int = 5, k: int = 6, n: int = 7) -> dict:
     return dict(A=M(m, k, dt), B=M(k, n, dt), C=M(m, n, dt), D=M(m, n, dt), At=M(k, m, dt),
                 Bt=M(n, k, dt), alpha=S(dt), beta=S(dt))
+
+
+def gemm_statement(typed):
+    """The program's one step, or None where it is not one GEMM."""
+    gemms = gemm_program(typed)
+    return gemms.steps[0] if gemms is not None and len(gemms.steps) == 1 else None
 
 
 def _value(f, scalars: dict) -> float:
@@ -54,8 +60,6 @@ def test_one_gemm_statements_are_recognized(source, a, b, alpha, beta):
 
 
 def test_other_addends_are_recognized():
-    stmt = gemm_statement(_typed("C = A*B - beta*D + 2*(At*Bt)' + C", _decls(m=6, n=6, k=6)))
-    assert stmt is None  # two products
     stmt = gemm_statement(_typed("D = A*B - beta*C + 2*(alpha*E)' + D", dict(
         _decls(m=6, n=6, k=6), E=M(6, 6, "f32"))))
     assert stmt is not None and stmt.beta is None
@@ -64,32 +68,70 @@ def test_other_addends_are_recognized():
     assert got == [("C", False, -3.0), ("E", True, 4.0), ("D", False, 1.0)]
 
 
+def _step(stmt, scalars=(("alpha", 2.0), ("beta", 3.0))) -> tuple:
+    """A step as (out, op(A), op(B), alpha, addends) in source-like text."""
+    scalars = dict(scalars)
+
+    def terms(xs):
+        return " + ".join(f"{_value(x.factor, scalars):g}*{x.name}{chr(39) * x.trans}"
+                          for x in xs)
+
+    return stmt.out, terms(stmt.a), terms(stmt.b), _value(stmt.alpha, scalars), \
+        terms(stmt.addends)
+
+
+def test_several_products_are_steps_adding_to_the_output():
+    gemms = gemm_program(_typed("C = A*B - beta*D + 2*(At*Bt)' + C", _decls(m=6, n=6, k=6)))
+    assert gemms is not None and gemms.temps == ()
+    assert [_step(s) for s in gemms.steps] == [
+        ("C", "1*A", "1*B", 1, "-3*D + 1*C"),
+        ("C", "1*Bt'", "1*At'", 2, "1*C")]
+
+
+def test_chains_are_multiplied_in_their_cheapest_association():
+    decls = dict(A=M(10, 2), B=M(2, 30), C=M(30, 5), E=M(10, 5), alpha=S())
+    # (A*B)*C: 600 + 1500 multiplies; A*(B*C): 300 + 100
+    gemms = gemm_program(_typed("E = alpha*(A*B*C)'' + E", decls))
+    assert gemms.temps == (("$0", (2, 5)),)
+    assert [_step(s) for s in gemms.steps] == [
+        ("$0", "1*B", "1*C", 1, ""), ("E", "1*A", "1*$0", 2, "1*E")]
+    # transposed, scaled inside, a factor that is a sum: (A*(2*B)*(C - C))' is
+    # (C' - C')*(2*B')*A', 400 multiplies as ((C' - C')*B')*A', 2100 the other way
+    gemms = gemm_program(_typed("F = (A*(2*B)*(C - C))' + E'", dict(decls, F=M(5, 10))))
+    assert [_step(s) for s in gemms.steps] == [
+        ("$0", "1*C' + -1*C'", "1*B'", 1, ""), ("F", "1*$0", "1*A'", 2, "1*E'")]
+    # two statements, the second reading the first's output; one with a chain of four
+    decls = dict(A=M(6, 6), B=M(6, 6), C=M(6, 6), D=M(6, 6), E=M(6, 6))
+    gemms = gemm_program(_typed("C = A*B\nE = A*B*C*D - E", decls))
+    assert [s.out for s in gemms.steps] == ["C", "$0", "$1", "E"]
+    assert [name for name, _ in gemms.temps] == ["$0", "$1"]
+
+
 def test_operands_that_are_sums_are_recognized():
     stmt = gemm_statement(_typed("C = alpha*(At + 2*A')'*(B - beta*Bt')", _decls(m=6, n=6, k=6)))
     assert stmt is not None and stmt.addends == ()
     scalars = {"alpha": 2.0, "beta": 3.0}
-    assert _value(stmt.alpha, scalars) == 1  # alpha scales the sum's terms
+    assert _value(stmt.alpha, scalars) == 2  # alpha scales the product
     assert [(x.name, x.trans, _value(x.factor, scalars)) for x in stmt.a] == [
-        ("At", True, 2), ("A", False, 4)]
+        ("At", True, 1), ("A", False, 2)]
     assert [(x.name, x.trans, _value(x.factor, scalars)) for x in stmt.b] == [
         ("B", False, 1), ("Bt", True, -3)]
 
 
 @pytest.mark.parametrize("source", [
-    "C = A*B + A*B",          # two products
-    "C = A*B + A*B*D",        # a product of three
     "C = alpha*C",            # no product
-    "C = A*B; D = A*B",       # two statements
+    "C = A*B; D = C + D",     # a statement without a product
+    "C = (A*B + D)*D",        # a factor that is a product plus a matrix
     "C = 1e200*(1e200*A)*B",  # literals whose product overflows
 ])
-def test_other_programs_are_not_one_gemm(source):
-    assert gemm_statement(_typed(source, _decls(m=6, n=6, k=6))) is None
+def test_other_programs_are_not_gemms(source):
+    assert gemm_program(_typed(source, _decls(m=6, n=6, k=6))) is None
 
 
 def test_matrix_vector_products_are_not_gemms():
     decls = dict(A=M(9, 8), x=V(8), y=V(9), X=M(8, 1))
-    assert gemm_statement(_typed("y = A*x + y", decls)) is None
-    assert gemm_statement(_typed("y = A*X", decls)) is None
+    assert gemm_program(_typed("y = A*x + y", decls)) is None
+    assert gemm_program(_typed("y = A*X", decls)) is None
 
 
 def _spine_kernel(source: str, decls: dict, monkeypatch) -> tuple:
@@ -220,6 +262,27 @@ def test_large_gemms_go_to_the_spine_and_others_stay():
     np.testing.assert_allclose(C, expected, rtol=1e-4, atol=1e-4)
 
 
+def test_programs_go_to_the_spine_where_its_steps_hold_most_of_the_work():
+    no_l1 = types.SimpleNamespace(cache=lambda level: None)  # route.DEFAULT_L1_BYTES
+
+    def to_spine(source: str, **decls) -> bool:
+        typed = _typed(source, decls)
+        return route.program_to_spine(gemm_program(typed), typed, no_l1)
+
+    def f32(rows: int, cols: int):
+        return M(rows, cols, "f32")
+
+    big = {n: f32(160, 160) for n in "ABCE"}
+    assert to_spine("E = A*B*C", **big)
+    assert not to_spine("E = A*B*C", **{n: f32(20, 20) for n in big})
+    # 400 x 400 x k (past L1) and 80^3 (76.8 KB, below 2.5 x 32 KiB): the first's work
+    # is 320,000 multiplies for k = 2, 640,000 for k = 4, the second's 512,000
+    for k, spine in ((2, False), (4, True)):
+        assert to_spine("C = A*B\nF = D*E", A=f32(400, k), B=f32(k, 400),
+                        C=f32(400, 400), D=f32(80, 80), E=f32(80, 80),
+                        F=f32(80, 80)) == spine
+
+
 @st.composite
 def _gemm_programs(draw):
     """A random one-GEMM program: transposes, scalar factors, signs, layouts with padded
@@ -278,3 +341,118 @@ def test_random_gemm_programs_on_the_spine_match_the_reference(program, monkeypa
     kwargs, outs = call_args(p, values, pass_outputs=True)
     kernel(**kwargs)
     assert_matches(p.typed, values, outs, f"{source} {decls}")
+
+
+def _check_spine_program(source: str, decls: dict, monkeypatch, pass_outputs=True) -> None:
+    """``source`` forced onto the spine agrees with the reference; inputs unchanged."""
+    kernel, p = _spine_kernel(source, decls, monkeypatch)
+    values = make_values(decls, p.typed.dtype, np.random.default_rng(seed_of(source)))
+    kwargs, outs = call_args(p, values, pass_outputs=pass_outputs)
+    inputs = {n: a.copy() for n, a in kwargs.items()
+              if isinstance(a, np.ndarray) and n not in outs}
+    result = kernel(**kwargs)
+    written = [s.name for s in p.specs if s.role != "in"]
+    result = result if len(written) > 1 else {written[0]: result}
+    for n, a in inputs.items():
+        assert np.array_equal(a, kwargs[n]), f"input {n} was written"
+    for n, a in outs.items():
+        assert result[n] is a, f"{n} not written in place"
+    assert_matches(p.typed, values, result, f"{source} {decls}")
+
+
+@pytest.mark.parametrize(("source", "decls"), [
+    ("E = A*B*C", dict(A=M(7, 9, "f64"), B=M(9, 3, "f64", layout="col"),
+                       C=M(3, 11, "f64", ld=13), E=M(7, 11, "f64"))),
+    ("E = 2*alpha*(A*B*C)' + beta*E", dict(
+        A=M(5, 12, "f32"), B=M(12, 12, "f32"), C=M(12, 4, "f32", layout="col", ld=14),
+        E=M(4, 5, "f32", layout="col", ld=7), alpha=S("f32"), beta=S("f32"))),
+    ("D = A*B + C'*E - D", dict(A=M(9, 5, "f64"), B=M(5, 8, "f64"), C=M(3, 9, "f64"),
+                                E=M(3, 8, "f64", layout="col"), D=M(9, 8, "f64", ld=10))),
+    ("C = A*B\nD = C'*E*F - D", dict(A=M(6, 4, "f32"), B=M(4, 10, "f32"),
+                                     C=M(6, 10, "f32"), E=M(6, 2, "f32"),
+                                     F=M(2, 7, "f32"), D=M(10, 7, "f32"))),
+    ("F = alpha*(A0 + A1)'*B*C + F", dict(A0=M(8, 6, "f64"), A1=M(8, 6, "f64", layout="col"),
+                                          B=M(8, 2, "f64"), C=M(2, 9, "f64"),
+                                          F=M(6, 9, "f64"), alpha=S("f64"))),
+    ("E = A*B*C*D", dict(A=M(3, 20, "f32"), B=M(20, 20, "f32"), C=M(20, 20, "f32"),
+                         D=M(20, 3, "f32"), E=M(3, 3, "f32"))),
+])
+def test_programs_of_several_gemms_on_the_spine(source, decls, monkeypatch):
+    _check_spine_program(source, decls, monkeypatch)
+
+
+def test_outputs_the_kernel_allocates_are_computed_before_they_are_read(monkeypatch):
+    decls = dict(A=M(6, 4, "f64"), B=M(4, 10, "f64"), C=M(6, 10, "f64"), E=M(6, 2, "f64"),
+                 D=M(10, 2, "f64"))
+    _check_spine_program("C = A*B\nD = C'*E", decls, monkeypatch, pass_outputs=False)
+
+
+@st.composite
+def _gemm_chains(draw):
+    """A random program of GEMMs: one or two statements, each with one or two products
+    of two to four factors (transposed or not, some sums of two), maybe the output
+    added; the second statement may read the first's output. Sizes start at 2: a side
+    of 1 makes a product with a vector, no GEMM here."""
+    dt = draw(st.sampled_from(("f32", "f64")))
+    decls: dict = {"alpha": S(dt)}
+    size = st.integers(2, 13)
+
+    def matrix(rows: int, cols: int):
+        layout = draw(st.sampled_from(("row", "col")))
+        natural = cols if layout == "row" else rows
+        pad = draw(st.sampled_from((0, 0, 2)))
+        return M(rows, cols, dt, layout=layout, ld=natural + pad if pad else None)
+
+    def operand(rows: int, cols: int) -> str:
+        name = f"X{len(decls)}"
+        if draw(st.booleans()):
+            decls[name] = matrix(cols, rows)
+            return f"{name}'"
+        decls[name] = matrix(rows, cols)
+        return name
+
+    def factor(rows: int, cols: int) -> str:
+        if draw(st.integers(0, 3)) == 0:
+            return f"({operand(rows, cols)} - alpha*{operand(rows, cols)})"
+        return operand(rows, cols)
+
+    def product(rows: int, cols: int, lead: tuple[str, int] | None) -> str:
+        """A product of rows x cols, whose first factor is ``lead`` (text, columns) if
+        given, of ``rows`` rows."""
+        inner = [rows, *(draw(size) for _ in range(draw(st.integers(1, 3)))), cols]
+        if lead is not None:
+            inner[0] = lead[1]
+        fs = [factor(inner[i], inner[i + 1]) for i in range(len(inner) - 1)]
+        if lead is not None:
+            fs.insert(0, lead[0])
+        scale = draw(st.sampled_from(("", "alpha*", "-2*")))
+        return scale + "*".join(fs)
+
+    statements, first = [], None
+    for s in range(draw(st.integers(1, 2))):
+        out, rows, cols = f"Y{s}", draw(size), draw(size)
+        lead = None
+        if first is not None and draw(st.booleans()):  # read the first statement's output
+            flip = draw(st.booleans())
+            rows, lead = first[::-1][0] if flip else first[0], (
+                ("Y0'", first[0]) if flip else ("Y0", first[1]))
+        terms = [product(rows, cols, lead if i == 0 else None)
+                 for i in range(draw(st.integers(1, 2)))]
+        if draw(st.booleans()):
+            terms.append(f"0.5*{out}")
+        decls[out] = matrix(rows, cols)
+        statements.append(f"{out} = " + " + ".join(terms))
+        first = first or (rows, cols)
+    source = "\n".join(statements)
+    if "alpha" not in source:
+        del decls["alpha"]
+    return source, decls
+
+
+@settings(max_examples=12, derandomize=True, database=None, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(program=_gemm_chains())
+def test_random_programs_of_gemms_on_the_spine_match_the_reference(program, monkeypatch):
+    source, decls = program
+    assert gemm_program(_typed(source, decls)) is not None, source
+    _check_spine_program(source, decls, monkeypatch)

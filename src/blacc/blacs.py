@@ -30,7 +30,7 @@ from .runtime.gemm import host_target
 from .runtime.measure import time_kernels
 from .runtime.plan_cache import Choice, remembered
 from .runtime.signature import ArgSpec
-from .strategy.route import to_spine
+from .strategy.route import program_to_spine
 from .strategy.small import (
     SEARCHES,
     Core,
@@ -47,7 +47,7 @@ from .strategy.small import (
     worth_wider,
 )
 from .target.isa import AVX2, AVX512, GENERIC, Isa, requested_isa
-from .transform.as_gemm import gemm_statement
+from .transform.as_gemm import gemm_program
 from .transform.blac import OpSchedule, build_module
 from .transform.blac import candidates as schedule_candidates
 from .transform.index_notation import arg_specs, forms
@@ -326,9 +326,10 @@ def compile(program: object, *, search: str = "model", name: str = "blac_kernel"
     machine AVX2 or AVX-512, whichever the model finds faster, see ``host_isas``) or
     another ISA this machine runs ('avx512', 'avx2', 'generic'). The kernel
     takes operands by name; array outputs are written in place (allocated when omitted)
-    and scalar outputs returned. For 'host', a program that is one GEMM (``C =
-    alpha*op(A)*op(B) + beta*C``) on operands too large for L1 runs the spine's
-    cache-blocked GEMM instead, whatever ``search`` says (``strategy.route``)."""
+    and scalar outputs returned. For 'host', a program that is GEMMs (``C =
+    alpha*op(A)*op(B) + beta*C``, statements of such, products of several matrices,
+    ``transform.as_gemm``) on operands too large for L1 runs the spine's cache-blocked
+    GEMM instead, whatever ``search`` says (``strategy.route``)."""
     from .runtime.pycall import FixedKernel
 
     _runnable(_isa(target), "compile")
@@ -342,19 +343,19 @@ def compile(program: object, *, search: str = "model", name: str = "blac_kernel"
 
 
 def _spine_kernel(program: object, name: str, operands: Mapping[str, Decl]):
-    """A kernel for a program that is one large GEMM, computed by the spine's GEMM
+    """A kernel for a program of large GEMMs, computed by the spine's GEMM
     (``transform.as_gemm``, ``strategy.route``), or None for the small path."""
     from .runtime.gemm_program import gemm_program_source
     from .runtime.pycall import FixedKernel
 
     typed = _typed(program, operands)
-    stmt = gemm_statement(typed)
+    gemms = gemm_program(typed)
     host = host_target()
-    if stmt is None or not to_spine(stmt, typed, host.machine):
+    if gemms is None or not program_to_spine(gemms, typed, host.machine):
         return None
     specs = arg_specs(typed)
-    return FixedKernel.build(gemm_program_source(stmt, specs, name, host), name, specs,
-                             flags=host.isa.flags, status=True)
+    source = gemm_program_source(gemms, gemms.shapes(typed), specs, name, host)
+    return FixedKernel.build(source, name, specs, flags=host.isa.flags, status=True)
 
 
 def _build_isa(target: str | Isa | None, isa: Isa) -> Isa:
@@ -394,7 +395,7 @@ def emit(program: object, output: str | Path, *, name: str | None = None,
     dependency on blacc. Returns the two paths. ``target``: 'host' (this machine's
     intrinsics, ``host_isas``), 'avx512', 'avx2', or 'generic' (plain C99 for any
     compiler). A ``search`` other than 'model' times candidates here, so needs a target
-    this machine runs. Every program is emitted as the small path plans it, one GEMM on
+    this machine runs. Every program is emitted as the small path plans it, GEMMs on
     large operands too (the spine's GEMM allocates its packing buffers and can fail, which
     the emitted function does not)."""
     out = Path(output)

@@ -75,12 +75,14 @@ class GemmKernel:
     native: NativeKernel
 
 
-def lowered_gemm(dtype: str, plan: Plan, isa: Isa, backend: str = "c"
+def lowered_gemm(dtype: str, plan: Plan, isa: Isa, backend: str = "c", suffix: str = ""
                  ) -> tuple[Contraction, tuple[tuple[str, object], ...], Module]:
     """Apply the plan's schedule and lower it for ``isa`` and ``backend`` ('c' or
-    'llvm'): the operation, every level it went through, and the final module."""
+    'llvm'): the operation, every level it went through, and the final module. Its
+    functions' names end in ``suffix``, but for the packing routines, which depend on
+    the dtype and panel width only."""
     op = plan_contraction(plan, dtype)
-    name = f"blacc_gemm_{dtype}_{plan.strategy.replace('-', '_')}"
+    name = f"blacc_gemm_{dtype}_{plan.strategy.replace('-', '_')}{suffix}"
     scheduled = apply(op, plan.schedule, name=name, known_strides=dict(plan.known_strides))
     final, passes = lower(scheduled, isa, backend=backend, matrix_kr=matrix_kr(plan))
     return op, (("schedule", scheduled), *passes), final

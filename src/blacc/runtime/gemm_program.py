@@ -1,26 +1,43 @@
-"""A one-GEMM fixed-size program computed by the spine: its C source.
+"""A fixed-size program of GEMMs computed by the spine: its C source.
 
-The spine's GEMM for the program's shape and layouts (``strategy.gemm.plan_for``, lowered
-for the C backend), and an entry function with the program's own signature (the one
-``runtime.pycall.wrapper_source`` calls, parameters in ``arg_specs`` order) that passes
-the fixed extents, strides and scalar factors on. The statement's meaning is kept: where
-it reads its output (``beta*C``) and beta is 0 at run time, C is first multiplied by 0,
-so that a NaN or infinity in it still reaches the result, as it does on the small path;
-the spine alone would not read C then (BLAS). Other addends (``D = A*B + E``) are summed
-into the output first, which the GEMM then adds the product to (beta = 1); an operand
-of the product that is a sum of matrices is summed into a scratch array (``malloc``; the
-entry returns 1 where that fails, as the GEMM does for its packing buffers).
+For each step of the program (``transform.as_gemm.GemmProgram``), the spine's GEMM for
+its shape and layouts (``strategy.gemm.plan_for``, lowered for the C backend; steps that
+plan alike share one function), and an entry function with the program's own signature
+(the one ``runtime.pycall.wrapper_source`` calls, parameters in ``arg_specs`` order) that
+calls them in order with the fixed extents, strides and scalar factors. A statement's
+meaning is kept: where it reads its output (``beta*C``) and beta is 0 at run time, C is
+first multiplied by 0, so that a NaN or infinity in it still reaches the result, as it
+does on the small path; the spine alone would not read C then (BLAS). Other addends
+(``D = A*B + E``) are summed into the output first, which the GEMM then adds the product
+to (beta = 1). An operand of a product that is a sum of matrices is summed into a scratch
+array, and a chain's products between steps go to scratch arrays too; all are
+``malloc``ed before anything is computed and freed at the end (the entry returns 1 where
+that fails, as the GEMM does for its packing buffers).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from ..backend import c as c_backend
-from ..strategy.gemm import plan_for
-from ..transform.as_gemm import Addend, Factor, GemmStatement
+from ..ir.kernel import Function, Module
+from ..strategy.gemm import Plan, plan_for
+from ..transform.as_gemm import Addend, Factor, GemmProgram, GemmStatement
 from .gemm import Target, lowered_gemm
 from .signature import ARRAY, IN, ArgSpec
 
 _C_TYPE = {"f32": "float", "f64": "double"}
+
+
+@dataclass(frozen=True)
+class _Array:
+    """An array the entry reads or writes: its pointer in the C, shape and strides
+    (elements between consecutive rows, consecutive columns)."""
+
+    pointer: str
+    rows: int
+    cols: int
+    strides: tuple[int, int]
 
 
 def _strides(s: ArgSpec) -> tuple[int, int]:
@@ -35,74 +52,118 @@ def _factor(f: Factor, params: dict[str, str], ctype: str) -> str:
     return " * ".join([f"({ctype})({literal.hex()})", *(params[n] for n in f.names)])
 
 
-def gemm_program_source(stmt: GemmStatement, specs: tuple[ArgSpec, ...], name: str,
-                        target: Target) -> str:
-    """C source defining ``int name(...)``: ``stmt`` computed by the spine's GEMM on
-    ``target``. Parameters are named ``p0, p1...`` after their place in ``specs`` (names
-    the user gave never reach the C)."""
-    by_name = {s.name: s for s in specs}
-    params = {s.name: f"p{i}" for i, s in enumerate(specs)}
-    c = by_name[stmt.out]
-    dtype = c.dtype
-    ctype = _C_TYPE[dtype]
-    m, n, k = stmt.extents({s.name: (s.rows, s.cols) for s in specs})
-    body: list[str] = []
-    scratch: list[str] = []
+class _Entry:
+    """The entry function's body as it is written, step by step."""
 
-    def strides(x: Addend, flip: bool = False) -> tuple[int, int]:
+    def __init__(self, specs: tuple[ArgSpec, ...], program: GemmProgram,
+                 target: Target) -> None:
+        self.params = {s.name: f"p{i}" for i, s in enumerate(specs)}
+        self.dtype = specs[0].dtype
+        self.ctype = _C_TYPE[self.dtype]
+        self.target = target
+        self.arrays = {s.name: _Array(self.params[s.name], s.rows, s.cols, _strides(s))
+                       for s in specs if s.kind == ARRAY}
+        self.scratch: list[tuple[str, int]] = []  # (pointer, elements)
+        for name, (rows, cols) in program.temps:
+            self.arrays[name] = _Array(self._scratch(rows * cols), rows, cols, (cols, 1))
+        self.body: list[str] = []
+        self.gemms: dict[Plan, Module] = {}  # the GEMM functions of each plan
+
+    def _scratch(self, elements: int) -> str:
+        pointer = f"s{len(self.scratch)}"
+        self.scratch.append((pointer, elements))
+        return pointer
+
+    def strides(self, x: Addend, flip: bool = False) -> tuple[int, int]:
         """Strides of op(X), or of its transpose where ``flip``."""
-        return _strides(by_name[x.name])[:: -1 if x.trans != flip else 1]
+        return self.arrays[x.name].strides[:: -1 if x.trans != flip else 1]
 
-    def sum_into(dest: str, dest_strides: tuple[int, int], rows: int, cols: int,
-                 terms: tuple[Addend, ...], label: str, flip: bool = False,
-                 indent: str = "") -> None:
+    def sum_into(self, dest: str, dest_strides: tuple[int, int], rows: int, cols: int,
+                 terms: tuple[Addend, ...], label: str, flip: bool = False) -> list[str]:
         """Loops setting ``dest`` (rows x cols) to the sum of ``terms`` (transposed where
         ``flip``), along ``dest``'s memory; one factor per term, named after ``label``."""
         lines, sums = [], []
         for i, x in enumerate(terms):
-            s0, s1 = strides(x, flip)
-            lines.append(f"{ctype} {label}{i} = {_factor(x.factor, params, ctype)};")
-            sums.append(f"{label}{i} * {params[x.name]}[i * {s0} + j * {s1}]")
+            s0, s1 = self.strides(x, flip)
+            lines.append(f"{self.ctype} {label}{i} = "
+                         f"{_factor(x.factor, self.params, self.ctype)};")
+            sums.append(f"{label}{i} * {self.arrays[x.name].pointer}[i * {s0} + j * {s1}]")
         loops = [("i", rows), ("j", cols)][:: 1 if dest_strides[1] == 1 else -1]
         lines.extend(f"{'    ' * d}for (int64_t {v} = 0; {v} < {extent}; {v}++)"
                      for d, (v, extent) in enumerate(loops))
         r, q = dest_strides
         lines.append(f"        {dest}[i * {r} + j * {q}] = {' + '.join(sums)};")
-        body.extend(indent + line for line in lines)
+        return lines
 
-    def operand(terms: tuple[Addend, ...], rows: int, cols: int, label: str
-                ) -> tuple[str, tuple[int, int]]:
+    def operand(self, terms: tuple[Addend, ...], rows: int, cols: int, label: str,
+                lines: list[str]) -> tuple[str, tuple[int, int]]:
         """A pointer to op(X) (rows x cols) and its strides: the operand itself, or a
-        scratch array holding the sum of its terms."""
+        scratch array holding the sum of its terms (the loops appended to ``lines``)."""
         if len(terms) == 1 and terms[0].factor == Factor():
-            return params[terms[0].name], strides(terms[0])
-        buf = f"t{label}"
-        scratch.append(buf)
-        body.append(f"{ctype} *{buf} = malloc(sizeof({ctype}) * {rows * cols});")
-        body.append(f"if (!{buf}) {{ {' '.join(f'free({b});' for b in scratch[:-1])} "
-                    "return 1; }")
+            return self.arrays[terms[0].name].pointer, self.strides(terms[0])
+        buf = self._scratch(rows * cols)
         # where every term is transposed, the sum is formed as the terms lie (rows read
         # along memory) and passed transposed
         if all(x.trans for x in terms):
-            sum_into(buf, (rows, 1), cols, rows, terms, buf, flip=True)
+            lines += self.sum_into(buf, (rows, 1), cols, rows, terms, label, flip=True)
             return buf, (1, rows)
-        sum_into(buf, (cols, 1), rows, cols, terms, buf)
+        lines += self.sum_into(buf, (cols, 1), rows, cols, terms, label)
         return buf, (cols, 1)
 
-    # op(A) (m x k) and op(B) (k x n) as pointers and strides
-    x = operand(stmt.a, m, k, "a")
-    y = operand(stmt.b, k, n, "b")
-    c_st = _strides(c)
-    if c_st[1] != 1:  # C by columns: compute C' = op(B)' op(A)', whose rows are C's columns
-        x, y = (y[0], y[1][::-1]), (x[0], x[1][::-1])
-        m, n, c_st = n, m, c_st[::-1]
-    plan = plan_for("auto", m, n, k, dtype, machine=target.machine, isa=target.isa,
-                    a_unit_cols=x[1][1] == 1, b_unit_cols=y[1][1] == 1,
-                    b_unit_rows=y[1][0] == 1)
-    _, _, module = lowered_gemm(dtype, plan, target.isa, "c")
-    entry = module.function(module.entry)
-    extents = [str(m), str(n), str(k)] if entry.params[0].dtype == "i64" else []
+    def gemm(self, m: int, n: int, k: int, a_strides: tuple[int, int],
+             b_strides: tuple[int, int]) -> Function:
+        """The spine's GEMM function for this shape and these layouts (C by rows)."""
+        plan = plan_for("auto", m, n, k, self.dtype, machine=self.target.machine,
+                        isa=self.target.isa, a_unit_cols=a_strides[1] == 1,
+                        b_unit_cols=b_strides[1] == 1, b_unit_rows=b_strides[0] == 1)
+        if plan not in self.gemms:
+            self.gemms[plan] = lowered_gemm(self.dtype, plan, self.target.isa, "c",
+                                            suffix=f"_{len(self.gemms)}")[2]
+        module = self.gemms[plan]
+        return module.function(module.entry)
 
+    def step(self, stmt: GemmStatement, shapes: dict[str, tuple[int, int]]) -> None:
+        """The lines computing ``stmt``, in a block of their own."""
+        ctype, lines = self.ctype, []
+        m, n, k = stmt.extents(shapes)
+        x = self.operand(stmt.a, m, k, "a", lines)
+        y = self.operand(stmt.b, k, n, "b", lines)
+        c = self.arrays[stmt.out]
+        c_st = c.strides
+        if c_st[1] != 1:  # C by columns: compute C' = op(B)' op(A)', rows C's columns
+            x, y = (y[0], y[1][::-1]), (x[0], x[1][::-1])
+            m, n, c_st = n, m, c_st[::-1]
+        entry = self.gemm(m, n, k, x[1], y[1])
+        extents = [str(m), str(n), str(k)] if entry.params[0].dtype == "i64" else []
+        lines.append(f"{ctype} alpha = {_factor(stmt.alpha, self.params, ctype)};")
+        full = (c.pointer, c.strides, c.rows, c.cols)
+        if not stmt.addends:
+            lines.append(f"{ctype} beta = 0;")
+        elif (beta := stmt.beta) is not None:
+            lines += [f"{ctype} beta = {_factor(beta, self.params, ctype)};",
+                      "if (beta == 0) {  /* 0*C, as written: NaN and infinity stay */"]
+            zero = Addend(stmt.out, False, Factor(literal=0.0))
+            lines += ["    " + line for line in self.sum_into(*full, (zero,), "z")]
+            lines += ["    beta = 1;", "}"]
+        else:  # C = the sum of the addends, then C += alpha op(A) op(B)
+            lines += self.sum_into(*full, stmt.addends, "f")
+            lines.append(f"{ctype} beta = 1;")
+        args = [*extents, "alpha", x[0], *map(str, x[1]), y[0], *map(str, y[1]), "beta",
+                c.pointer, *map(str, c_st)]
+        lines.append(f"if ({entry.name}({', '.join(args)})) goto done;")
+        self.body += ["{", *("    " + line for line in lines), "}"]
+
+
+def gemm_program_source(program: GemmProgram, shapes: dict[str, tuple[int, int]],
+                        specs: tuple[ArgSpec, ...], name: str, target: Target) -> str:
+    """C source defining ``int name(...)``: ``program``'s steps computed by the spine's
+    GEMM on ``target`` (``shapes``: every array the steps name). Parameters are named
+    ``p0, p1...`` after their place in ``specs`` (names the user gave never reach the
+    C); the function returns 0, or 1 where memory could not be allocated."""
+    entry = _Entry(specs, program, target)
+    for stmt in program.steps:
+        entry.step(stmt, shapes)
+    ctype = entry.ctype
     signature = []
     for i, s in enumerate(specs):
         if s.kind == ARRAY:
@@ -110,28 +171,19 @@ def gemm_program_source(stmt: GemmStatement, specs: tuple[ArgSpec, ...], name: s
             signature.append(f"{const}{ctype} *restrict p{i}")
         else:
             signature.append(f"{ctype} p{i}")
-    body.append(f"{ctype} alpha = {_factor(stmt.alpha, params, ctype)};")
-    out = params[stmt.out]
-    if not stmt.addends:
-        body.append(f"{ctype} beta = 0;")
-    elif (beta := stmt.beta) is not None:
-        body += [f"{ctype} beta = {_factor(beta, params, ctype)};",
-                 "if (beta == 0) {  /* 0*C, as written: NaN and infinity stay */"]
-        zero = Addend(stmt.out, False, Factor(literal=0.0))
-        sum_into(out, _strides(c), c.rows, c.cols, (zero,), "z", indent="    ")
-        body += ["    beta = 1;", "}"]
-    else:  # C = the sum of the addends, then C += alpha op(A) op(B)
-        sum_into(out, _strides(c), c.rows, c.cols, stmt.addends, "f")
-        body.append(f"{ctype} beta = 1;")
-    args = [*extents, "alpha", x[0], *map(str, x[1]), y[0], *map(str, y[1]), "beta",
-            out, *map(str, c_st)]
-    if scratch:
-        body += [f"int status = {entry.name}({', '.join(args)});",
-                 *(f"free({b});" for b in scratch), "return status;"]
-    else:
-        body.append(f"return {entry.name}({', '.join(args)});")
-    return (c_backend.render(module, target.isa)
-            + "\n/* the program's signature: C = alpha * op(A) * op(B) + beta * C */\n"
+    # every scratch pointer is NULL or allocated when a step fails (free(NULL) is no-op)
+    head = ["int status = 1;", *(f"{ctype} *{p} = NULL;" for p, _ in entry.scratch)]
+    for pointer, elements in entry.scratch:
+        head.append(f"if (!({pointer} = malloc(sizeof({ctype}) * {elements}))) goto done;")
+    tail = ["status = 0;", "done:", *(f"free({p});" for p, _ in entry.scratch),
+            "return status;"]
+    functions: dict[str, Function] = {}
+    for module in entry.gemms.values():
+        for f in module.functions:  # the packing routines are the same in every plan
+            assert functions.setdefault(f.name, f) == f, f.name
+    unit = Module(tuple(functions.values()), entry=next(iter(functions)))
+    entries = [m.entry for m in entry.gemms.values()]
+    return (c_backend.render_modules((unit,), target.isa, opaque=entries)
+            + f"\n/* the program's signature: {len(program.steps)} GEMM step(s) */\n"
             + f"int {name}({', '.join(signature) or 'void'}) {{\n"
-            + "".join(f"    {line}\n" for line in body) + "}\n")
-
+            + "".join(f"    {line}\n" for line in [*head, *entry.body, *tail]) + "}\n")

@@ -1,4 +1,4 @@
-"""Which of blacc's two code paths computes a fixed-size program that is one GEMM.
+"""Which of blacc's two code paths computes a fixed-size program that is GEMMs.
 
 The small path (``strategy.small``) fuses a program into register-tiled loops over the
 operands as they lie: nothing is packed, and nothing is blocked for the caches, which
@@ -15,10 +15,13 @@ vector are not GEMMs here: the small path streams the matrix as fast as the spin
 
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping
+
 from ..frontend.typed import TypedProgram
 from ..ir.dtypes import itemsize
 from ..target.machine import Machine
-from ..transform.as_gemm import GemmStatement
+from ..transform.as_gemm import GemmProgram, GemmStatement
 
 #: A one-GEMM program goes to the spine when its A, B and C together take more bytes
 #: than this many L1 data caches (between the measurements above).
@@ -40,9 +43,11 @@ PASS_MIN_EXTENT = 96
 DEFAULT_L1_BYTES = 32 * 1024
 
 
-def to_spine(stmt: GemmStatement, program: TypedProgram, machine: Machine) -> bool:
-    """Whether the spine's GEMM, not the small path, should compute ``stmt``."""
-    m, n, k = stmt.extents({name: d.shape for name, d in program.decls.items()})
+def to_spine(stmt: GemmStatement, shapes: Mapping[str, tuple[int, int]], dtype: str,
+             machine: Machine) -> bool:
+    """Whether the spine's GEMM, not the small path, should compute ``stmt`` (arrays of
+    ``shapes`` by name)."""
+    m, n, k = stmt.extents(shapes)
     passes = ((stmt.addends and stmt.beta is None, k), (len(stmt.a) > 1, n),
               (len(stmt.b) > 1, m))
     if any(needed and extent < PASS_MIN_EXTENT for needed, extent in passes):
@@ -50,4 +55,14 @@ def to_spine(stmt: GemmStatement, program: TypedProgram, machine: Machine) -> bo
     l1 = machine.cache(1)
     l1_bytes = l1.size if l1 is not None else DEFAULT_L1_BYTES
     elements = m * k + k * n + m * n
-    return elements * itemsize(program.dtype) > SPINE_L1_MULTIPLE * l1_bytes
+    return elements * itemsize(dtype) > SPINE_L1_MULTIPLE * l1_bytes
+
+
+def program_to_spine(gemms: GemmProgram, program: TypedProgram, machine: Machine) -> bool:
+    """Whether the spine computes the whole program: where the steps it should compute
+    (``to_spine``) hold at least half of the program's multiplies. The others then run
+    on the spine as well, small GEMMs at about the small path's speed (see above)."""
+    shapes = gemms.shapes(program)
+    work = [(math.prod(s.extents(shapes)), to_spine(s, shapes, program.dtype, machine))
+            for s in gemms.steps]
+    return 2 * sum(w for w, spine in work if spine) >= sum(w for w, _ in work) > 0

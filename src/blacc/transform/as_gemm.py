@@ -1,4 +1,4 @@
-"""A program that is one GEMM, raised to the spine's operation.
+"""A program that is GEMMs, raised to the spine's operation.
 
 ``C = alpha*A*B + beta*C``, with any transposes (``A'*B``, ``(A*B)'``), scalar factors
 that are declared scalars or literals (``2*A*B``, ``-A*B``, ``C - A*B``) and the
@@ -7,9 +7,14 @@ beta*C``; with other matrices added (``D = A*B + beta*C + E'``), their sum goes 
 output first and the product is added to it. Large ones run faster there, cache-blocked
 and packed, than as the fused register-tiled loops of the small path
 (``strategy.route``). An operand of the product may itself be a sum of such matrices
-(``C = alpha*(A0 + A1)'*B + beta*C``), computed once into a scratch array. Anything
-else, a product of more than two matrices, a product with a vector, several statements,
-is not matched.
+(``C = alpha*(A0 + A1)'*B + beta*C``), computed once into a scratch array.
+
+A program of several such statements is several GEMMs run one after another, and so is
+a statement with several products (``D = A*B + C*E``: the second adds its product to the
+output) or a product of more than two matrices (``E = A*B*C``), multiplied in the
+association with the fewest multiplies (``associate.association``) through scratch
+products. A product with a vector, a statement without a product, or a factor that is
+none of the above (``(A*B + C)*D``) is not matched: the program stays on the small path.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from dataclasses import dataclass, replace
 
 from ..frontend import typed as t
 from ..frontend.types import Scalar
+from .associate import Association, association
 
 
 @dataclass(frozen=True)
@@ -47,7 +53,7 @@ class Addend:
 class GemmStatement:
     """``out = alpha * op(A) * op(B) + addends...``, where op(A) is the sum of the terms
     ``a`` (one term of factor 1 for a plain operand, transposed or not) and op(B) that of
-    ``b``."""
+    ``b``. Names are the program's operands or scratch products (``GemmProgram.temps``)."""
 
     out: str
     a: tuple[Addend, ...]
@@ -67,6 +73,20 @@ class GemmStatement:
         if len(self.addends) == 1 and self.addends[0].name == self.out:
             return self.addends[0].factor
         return None
+
+
+@dataclass(frozen=True)
+class GemmProgram:
+    """GEMMs computed one after another. ``temps``: the scratch products that chains of
+    more than two matrices pass between steps, (name, (rows, cols)), row-major; their
+    names (``$0``, ``$1``...) are no identifier, so no operand's."""
+
+    steps: tuple[GemmStatement, ...]
+    temps: tuple[tuple[str, tuple[int, int]], ...] = ()
+
+    def shapes(self, program: t.TypedProgram) -> dict[str, tuple[int, int]]:
+        """The shape of every array the steps name, operands and scratch products."""
+        return {name: d.shape for name, d in program.decls.items()} | dict(self.temps)
 
 
 def _terms(e: t.TExpr, sign: int = 1) -> list[tuple[int, t.TExpr]]:
@@ -142,55 +162,100 @@ def _flipped(terms: tuple[Addend, ...]) -> tuple[Addend, ...]:
     return tuple(replace(x, trans=not x.trans) for x in terms)
 
 
-def _product(e: t.TExpr, decls: t.Decls
-             ) -> tuple[Factor, tuple[Addend, ...], tuple[Addend, ...]] | None:
-    """(scalar factors, op(A)'s terms, op(B)'s terms) for ``op(A)*op(B)``, however scaled
-    and transposed (``(op(A)*op(B))' = op(B)'*op(A)'``); a one-term operand's factor
-    moves into the scalar factors."""
+def _chain(e: t.TExpr, decls: t.Decls) -> tuple[Factor, list[t.TExpr]] | None:
+    """A term as scalar factors times the factors of a chain of matrix products, left to
+    right: ``2*(A*B)'*C`` -> (2, [B', A', C]); a term that is no product is one factor."""
     if isinstance(e, t.TTranspose):
-        inner = _product(e.x, decls)
+        inner = _chain(e.x, decls)
         if inner is None:
             return None
-        f, a, b = inner
-        return f, _flipped(b), _flipped(a)
+        return inner[0], [t.TTranspose(f, (f.cols, f.rows)) for f in reversed(inner[1])]
     if isinstance(e, t.TMul) and e.op == "matmul":
-        a, b = _combination(e.a, decls), _combination(e.b, decls)
-        if a is None or b is None:
-            return None
-        factor = Factor()
-        if len(a) == 1:
-            factor, a = factor.times(a[0].factor), (replace(a[0], factor=Factor()),)
-        if len(b) == 1:
-            factor, b = factor.times(b[0].factor), (replace(b[0], factor=Factor()),)
-        return factor, a, b
+        a, b = _chain(e.a, decls), _chain(e.b, decls)
+        return None if a is None or b is None else (a[0].times(b[0]), a[1] + b[1])
     peeled = _peeled(e, decls)
-    if peeled is None or peeled[1] is e:
+    if peeled is None:
         return None
-    inner = _product(peeled[1], decls)
-    return None if inner is None else (peeled[0].times(inner[0]), *inner[1:])
+    if peeled[1] is e:
+        return Factor(), [e]
+    inner = _chain(peeled[1], decls)
+    return None if inner is None else (peeled[0].times(inner[0]), inner[1])
 
 
-def gemm_statement(program: t.TypedProgram) -> GemmStatement | None:
-    """The program as one GEMM, or None when it is not one (see the module docstring)."""
-    if len(program.statements) != 1:
+def _product(e: t.TExpr, decls: t.Decls
+             ) -> tuple[Factor, list[tuple[Addend, ...]], list[tuple[int, int]]] | None:
+    """(scalar factors, each factor's terms, each factor's shape) for a product of two
+    or more matrices, however scaled and transposed (``(A*B)' = B'*A'``); a one-term
+    factor's scalars move into the product's."""
+    chain = _chain(e, decls)
+    if chain is None or len(chain[1]) < 2:
         return None
-    (stmt,) = program.statements
-    out, decls = stmt.target, program.decls
-    product: tuple[Factor, tuple[Addend, ...], tuple[Addend, ...]] | None = None
-    addends: list[Addend] = []
-    for sign, term in _terms(stmt.expr):
-        if product is None and (found := _product(term, decls)) is not None:
-            product = (Factor(sign).times(found[0]), *found[1:])
-        elif (found := _combination(term, decls)) is not None and len(found) == 1:
-            addends += _scaled(found, Factor(sign))
-        else:
+    factor, combos = chain[0], []
+    for f in chain[1]:
+        terms = _combination(f, decls)
+        if terms is None:
             return None
-    if product is None:
+        if len(terms) == 1:
+            factor, terms = factor.times(terms[0].factor), (replace(terms[0], factor=Factor()),)
+        combos.append(terms)
+    return factor, combos, [f.shape for f in chain[1]]
+
+
+class _Steps:
+    """Steps of a program as they are found, and the scratch products between them."""
+
+    def __init__(self) -> None:
+        self.steps: list[GemmStatement] = []
+        self.temps: list[tuple[str, tuple[int, int]]] = []
+
+    def operands(self, factors: list[tuple[Addend, ...]], shapes: list[tuple[int, int]]
+                 ) -> tuple[tuple[Addend, ...], tuple[Addend, ...]]:
+        """op(A) and op(B) of the last product of ``factors`` multiplied in their
+        cheapest association; the products before it are steps into scratch products."""
+
+        def operand(node: Association) -> tuple[tuple[Addend, ...], tuple[int, int]]:
+            if isinstance(node, int):
+                return factors[node], shapes[node]
+            (a, (rows, _)), (b, (_, cols)) = operand(node[0]), operand(node[1])
+            name = f"${len(self.temps)}"
+            self.temps.append((name, (rows, cols)))
+            self.steps.append(GemmStatement(name, a, b, Factor()))
+            return (Addend(name, False, Factor()),), (rows, cols)
+
+        order, _ = association(shapes)
+        assert not isinstance(order, int), "a product has two factors or more"
+        return operand(order[0])[0], operand(order[1])[0]
+
+    def statement(self, stmt: t.TAssign, decls: t.Decls) -> bool:
+        """Add ``stmt``'s steps: the first product with the addends, the others added to
+        the output. False where it is not GEMMs."""
+        products: list[tuple[Factor, list[tuple[Addend, ...]], list[tuple[int, int]]]] = []
+        addends: list[Addend] = []
+        for sign, term in _terms(stmt.expr):
+            if (found := _product(term, decls)) is not None:
+                products.append((Factor(sign).times(found[0]), *found[1:]))
+            elif (found := _combination(term, decls)) is not None and len(found) == 1:
+                addends += _scaled(found, Factor(sign))
+            else:
+                return False
+        out = stmt.target
+        for _, factors, _ in products:
+            if out in {x.name for terms in factors for x in terms}:
+                return False  # the output read as a whole while it is written
+        for i, (alpha, factors, shapes) in enumerate(products):
+            a, b = self.operands(factors, shapes)
+            rest = tuple(addends) if i == 0 else (Addend(out, False, Factor()),)
+            self.steps.append(GemmStatement(out, a, b, alpha, rest))
+        return bool(products)
+
+
+def gemm_program(program: t.TypedProgram) -> GemmProgram | None:
+    """The program as GEMMs, or None when it is not (see the module docstring)."""
+    found = _Steps()
+    if not all(found.statement(s, program.decls) for s in program.statements):
         return None
-    alpha, a, b = product
-    if out in {x.name for x in a + b}:  # the output read as a whole while it is written
-        return None
-    factors = (alpha, *(x.factor for x in (*a, *b, *addends)))
+    factors = [f for s in found.steps
+               for f in (s.alpha, *(x.factor for x in (*s.a, *s.b, *s.addends)))]
     if not all(math.isfinite(f.literal) for f in factors):
         return None  # literals whose product overflows: left to the small path
-    return GemmStatement(out, a, b, alpha, tuple(addends))
+    return GemmProgram(tuple(found.steps), tuple(found.temps))

@@ -19,6 +19,7 @@ the cost model picks.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from functools import cache
 
 from ..frontend import typed as t
@@ -87,11 +88,14 @@ def _product(a: t.TExpr, b: t.TExpr) -> t.TMul:
     return t.TMul(a, b, op, _product_shape(a.shape, b.shape))
 
 
-def cheapest(fs: list[t.TExpr]) -> tuple[t.TExpr, int]:
-    """The factors multiplied in an association with the fewest multiplies, and that
+#: An association of a chain: a factor's index, or the two associations multiplied.
+Association = int | tuple["Association", "Association"]
+
+
+def association(shapes: Sequence[Shape]) -> tuple[Association, int]:
+    """The association of factors of ``shapes`` with the fewest multiplies, and that
     count (the first split point on a tie, so a left-to-right chain stays so when
-    nothing is saved). Products that meet in a 1x1 value become scalings: ``x*(y'*z)``."""
-    shapes = tuple(f.shape for f in fs)
+    nothing is saved)."""
 
     @cache
     def best(i: int, j: int) -> tuple[int, int, Shape]:
@@ -106,13 +110,27 @@ def cheapest(fs: list[t.TExpr]) -> tuple[t.TExpr, int]:
                             _product_shape(a, b)))
         return min(options, key=lambda o: o[0])
 
-    def build(i: int, j: int) -> t.TExpr:
+    def tree(i: int, j: int) -> Association:
         if i == j:
-            return fs[i]
+            return i
         s = best(i, j)[1]
-        return _product(build(i, s), build(s + 1, j))
+        return tree(i, s), tree(s + 1, j)
 
-    return build(0, len(fs) - 1), best(0, len(fs) - 1)[0]
+    return tree(0, len(shapes) - 1), best(0, len(shapes) - 1)[0]
+
+
+def cheapest(fs: list[t.TExpr]) -> tuple[t.TExpr, int]:
+    """The factors multiplied in an association with the fewest multiplies
+    (``association``), and that count. Products that meet in a 1x1 value become
+    scalings: ``x*(y'*z)``."""
+    order, multiplies = association(tuple(f.shape for f in fs))
+
+    def build(node: Association) -> t.TExpr:
+        if isinstance(node, int):
+            return fs[node]
+        return _product(build(node[0]), build(node[1]))
+
+    return build(order), multiplies
 
 
 def reassociated(e: t.TExpr) -> t.TExpr:
