@@ -1,0 +1,136 @@
+"""Long runs of random programs, beyond what the test suite has time for.
+
+    python tests/fuzz.py interp --minutes 30             # planned per target, interpreted
+    python tests/fuzz.py compiled --minutes 30 --size 40  # compiled, arrays on guard pages
+
+The programs are ``test_blac_property``'s (sums, differences, negation, scalings,
+products of every kind, transposes; one or two statements, updates in place; operands
+row- or column-major, some with padded leading dimensions), with sizes up to ``--size``
+(the suite's 12 by default here too). ``interp`` plans each for AVX-512, AVX2 or the
+generic target and runs it in the kernel IR interpreter on buffers that end at the
+operands' last elements, where a read or write past an operand raises. ``compiled``
+compiles it for this machine (``blacc.compile``) and calls it, in a child process, with
+every array ending (or starting) at a page mapped ``PROT_NONE``. Each program is checked
+against the float64 reference; failures are appended to ``--log`` as JSON lines (source,
+declarations, target, seed, traceback) and the run goes on. The exit status is 1 when
+any failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import traceback
+
+import numpy as np
+from hypothesis import HealthCheck, Phase, Verbosity, given, settings
+from hypothesis import strategies as st
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import blacc  # noqa: E402
+import test_blac_property as programs  # noqa: E402
+from blacc.blacs import plan  # noqa: E402
+from guard import guarded_array, run_in_child  # noqa: E402
+from test_blac_programs import NP, assert_matches, make_values, run_interp  # noqa: E402
+
+
+def _guarded(spec, dtype: str, value, side: str) -> np.ndarray:
+    """``spec``'s array, holding ``value`` (zeros for outputs), against a guard page."""
+    rows, cols = spec.rows, spec.cols
+    natural = cols if spec.layout == "row" else rows
+    pad = spec.leading_dimension - natural if rows > 1 and cols > 1 else 0
+    fill = 0.0 if value is None else np.asarray(value).reshape(rows, cols)
+    a = guarded_array((rows, cols), NP[dtype], "C" if spec.layout == "row" else "F",
+                      side=side, ld_pad=pad, fill=fill)
+    return a.reshape(-1) if (rows == 1) != (cols == 1) else a
+
+
+def check_interpreted(source: str, decls: dict, dtype: str, seed: int, target: str) -> None:
+    p = plan(source, target=target, **decls)
+    values = make_values(decls, dtype, np.random.default_rng(seed))
+    got = run_interp(p.module, p.specs, p.typed, values, slack=0)
+    assert_matches(p.typed, values, got, f"{source!r} {target}")
+
+
+def check_compiled(source: str, decls: dict, dtype: str, seed: int, side: str) -> None:
+    kernel = blacc.compile(source, **decls)
+    specs = kernel.specs
+    typed = plan(source, **decls).typed
+    values = make_values(decls, dtype, np.random.default_rng(seed))
+
+    def body() -> None:
+        kwargs = {}
+        for s in specs:
+            if s.kind == "scalar":
+                if s.role != "out":
+                    kwargs[s.name] = values[s.name]
+            else:
+                kwargs[s.name] = _guarded(s, dtype, values.get(s.name), side)
+        result = kernel(**kwargs)
+        written = [s.name for s in specs if s.role != "in"]
+        assert_matches(typed, values, result if len(written) > 1 else {written[0]: result},
+                       repr(source))
+
+    outcome = run_in_child(body, timeout=120)
+    if outcome.signal is not None or outcome.timed_out or outcome.exitcode != 0:
+        raise AssertionError(f"{outcome.describe()}\n{outcome.report}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("mode", choices=("interp", "compiled"))
+    parser.add_argument("--minutes", type=float, default=10.0)
+    parser.add_argument("--size", type=int, default=programs.MAX_SIZE,
+                        help="largest extent of an operand (default %(default)s)")
+    parser.add_argument("--log", default="fuzz-failures.jsonl")
+    args = parser.parse_args(argv)
+    programs.sizes = st.integers(1, args.size)  # read by the generator as it draws
+    deadline = time.monotonic() + 60 * args.minutes
+    count, failed = 0, 0
+
+    # failures are caught and logged; the one exception, _Done, ends the run (generation
+    # only: nothing to shrink, and quiet about the "falsifying" example it stops in)
+    @settings(max_examples=10**9, deadline=None, database=None, phases=[Phase.generate],
+              verbosity=Verbosity.quiet, suppress_health_check=list(HealthCheck))
+    @given(programs.programs(), st.integers(0, 2**32 - 1),
+           st.sampled_from(["avx512", "avx2", "generic"]), st.sampled_from(["after", "before"]))
+    def run(program, seed: int, target: str, side: str) -> None:
+        nonlocal count, failed
+        if time.monotonic() > deadline:
+            raise _Done
+        source, decls, dtype = program
+        count += 1
+        try:
+            if args.mode == "interp":
+                check_interpreted(source, decls, dtype, seed, target)
+            else:
+                check_compiled(source, decls, dtype, seed, side)
+        except Exception:  # noqa: BLE001 - every failure is recorded, the run goes on
+            failed += 1
+            with open(args.log, "a") as log:
+                log.write(json.dumps({
+                    "mode": args.mode, "source": source,
+                    "decls": {n: repr(d) for n, d in decls.items()},
+                    "target": target if args.mode == "interp" else "host", "side": side,
+                    "seed": seed, "error": traceback.format_exc()[-4000:]}) + "\n")
+        if count % 100 == 0:
+            print(f"{count} programs, {failed} failed", flush=True)
+
+    try:
+        run()
+    except _Done:
+        pass
+    print(f"{count} programs, {failed} failed" + (f" (see {args.log})" if failed else ""))
+    return 1 if failed else 0
+
+
+class _Done(Exception):
+    """The time is up."""
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
