@@ -73,7 +73,7 @@ def _step(stmt, scalars=(("alpha", 2.0), ("beta", 3.0))) -> tuple:
     scalars = dict(scalars)
 
     def terms(xs):
-        return " + ".join(f"{_value(x.factor, scalars):g}*{x.name}{chr(39) * x.trans}"
+        return " + ".join(f"{_value(x.factor, scalars):g}*" + x.name + "'" * x.trans
                           for x in xs)
 
     return stmt.out, terms(stmt.a), terms(stmt.b), _value(stmt.alpha, scalars), \

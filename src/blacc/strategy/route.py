@@ -23,8 +23,8 @@ from ..ir.dtypes import itemsize
 from ..target.machine import Machine
 from ..transform.as_gemm import GemmProgram, GemmStatement
 
-#: A one-GEMM program goes to the spine when its A, B and C together take more bytes
-#: than this many L1 data caches (between the measurements above).
+#: A GEMM (a program's step) goes to the spine when its A, B and C together take more
+#: bytes than this many L1 data caches (between the measurements above).
 SPINE_L1_MULTIPLE = 2.5
 #: A program with other matrices added (``D = alpha*A*B + beta*C``) sums them into the
 #: output in a pass of its own before the GEMM adds the product, where the small path
