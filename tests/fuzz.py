@@ -7,8 +7,9 @@ The programs are ``test_blac_property``'s (sums, differences, negation, scalings
 products of every kind, transposes; one or two statements, updates in place; operands
 row- or column-major, some with padded leading dimensions), with sizes up to ``--size``
 (the suite's 12 by default here too). ``interp`` plans each for AVX-512, AVX2 or the
-generic target and runs it in the kernel IR interpreter on buffers that end at the
-operands' last elements, where a read or write past an operand raises. ``compiled``
+generic target, renders it as C (an operation the target lacks raises), and runs it in
+the kernel IR interpreter on buffers that end at the operands' last elements, where a
+read or write past an operand raises. ``compiled``
 compiles it for this machine (``blacc.compile``) and calls it, in a child process, with
 every array ending (or starting) at a page mapped ``PROT_NONE``. Each program is checked
 against the float64 reference; failures are appended to ``--log`` as JSON lines (source,
@@ -51,6 +52,7 @@ def _guarded(spec, dtype: str, value, side: str) -> np.ndarray:
 
 def check_interpreted(source: str, decls: dict, dtype: str, seed: int, target: str) -> None:
     p = plan(source, target=target, **decls)
+    p.source  # noqa: B018 - rendered as C: every operation the target has
     values = make_values(decls, dtype, np.random.default_rng(seed))
     got = run_interp(p.module, p.specs, p.typed, values, slack=0)
     assert_matches(p.typed, values, got, f"{source!r} {target}")

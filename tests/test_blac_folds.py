@@ -164,3 +164,22 @@ def test_the_model_folds_long_sums_into_narrow_outputs(source, decls):
     (``k.Spread``), 5.1 folded."""
     p = plan(source, target="avx512", **decls)
     assert any(s.folds for s in p.schedule), p.schedule
+
+
+@pytest.mark.parametrize("dtype", ["f32", "f64"])
+def test_every_candidate_of_a_gram_matrix_renders(dtype):
+    """C = A*A' with A 2 x 12 column-major on AVX-512: four rows of A' one after another,
+    each splatted within a quarter of the vector, is one vpermilps for f32, and no
+    instruction for f64 pairs; that candidate had been built for f64 anyway and failed
+    to render as C (found by tests/fuzz.py). Every candidate renders and agrees with
+    NumPy."""
+    from blacc.backend import c as c_backend
+
+    decls = dict(A=M(2, 12, dtype, layout="col"), C=M(2, 2, dtype))
+    p = plan("C = A*A'", target="avx512", **decls)
+    built = [m for _, m in candidate_modules(p, AVX512, lambda s: True) if m is not None]
+    assert built
+    for module in built:
+        c_backend.render(module, AVX512)
+    values = make_values(decls, dtype, np.random.default_rng(seed_of("gram", dtype)))
+    interpret_candidates(p, AVX512, lambda s: True, values, f"gram {dtype}")

@@ -491,8 +491,11 @@ class _Gen:
         extent = (operand.rows, operand.cols)[other]
         if strides[other] == 1 and isinstance(e, k.Const) and isinstance(r.index[other], str):
             first = int(e.value) - int(e.value) % part
-            if first + part <= extent and nrows == 4 and strides[axis] == part:
+            if (first + part <= extent and nrows == 4 and strides[axis] == part
+                    and self.isa.has_op(f"quarter_splat{int(e.value) - first}", self.dt,
+                                        4 * part)):
                 # four rows of A one after another: one load, splatted within quarters
+                # (vpermilps: f32 only; AVX-512 has no such splat of f64 pairs)
                 return k.HalfSplat(k.Load(st.buf, at(0, k.Const(first)), self.dt, 4 * part),
                                    int(e.value) - first, 4)
             if (first + part <= extent and nrows == 2
