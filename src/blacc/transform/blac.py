@@ -469,6 +469,9 @@ class _Gen:
         def two_rows(width: int, other: k.Expr | None = None) -> k.Expr:
             if strides[axis] == width:  # the second row starts where the first ends
                 return k.Load(st.buf, at(0, other), self.dt, 2 * width)
+            if not self.isa.has_op("halves", self.dt, 2 * width):
+                raise ScheduleError(f"{self.isa.name} does not join two {self.dt} vectors "
+                                    f"of {width} into one: {r.operand}'s rows are apart")
             return k.Halves(k.Load(st.buf, at(0, other), self.dt, width),
                             k.Load(st.buf, at(1, other), self.dt, width))
 
@@ -575,13 +578,18 @@ class _Gen:
         if e.lanes == lanes:
             return e
         if e.lanes > 1 and 2 * e.lanes == lanes:  # a row of one half, for both paired rows
+            loaded = isinstance(e, k.Load) and e.count is None
+            if not self.isa.has_op("dup_load" if loaded else "halves", self.dt, lanes):
+                raise ScheduleError(f"{self.isa.name} does not put one {self.dt} vector "
+                                    "in both halves of a wider one")
             return k.Halves(e, e)
         if e.lanes > 1 and 4 * e.lanes == lanes:  # a row of one quarter, for four rows
-            if not (isinstance(e, k.Load) and e.count is None):
+            if not (isinstance(e, k.Load) and e.count is None
+                    and self.isa.has_op("quad_load", self.dt, lanes)):
                 # (a loaded row is in every quarter with one vbroadcastf32x4; a row
                 # computed on a quarter-wide vector would take shuffles to get there)
                 raise ScheduleError("four rows per vector take the other factor of their "
-                                    "sums only as it is loaded")
+                                    "sums only as it is loaded into every quarter")
             return k.quartered(e)
         return k.Broadcast(e, lanes)
 
