@@ -2,6 +2,7 @@
 
     python tests/fuzz.py interp --minutes 30             # planned per target, interpreted
     python tests/fuzz.py compiled --minutes 30 --size 40  # compiled, arrays on guard pages
+    python tests/fuzz.py candidates --minutes 30         # every candidate rendered as C
 
 The programs are ``test_blac_property``'s (sums, differences, negation, scalings,
 products of every kind, transposes; one or two statements, updates in place; operands
@@ -11,8 +12,10 @@ generic target, renders it as C (an operation the target lacks raises), and runs
 the kernel IR interpreter on buffers that end at the operands' last elements, where a
 read or write past an operand raises. ``compiled``
 compiles it for this machine (``blacc.compile``) and calls it, in a child process, with
-every array ending (or starting) at a page mapped ``PROT_NONE``. Each program is checked
-against the float64 reference; failures are appended to ``--log`` as JSON lines (source,
+every array ending (or starting) at a page mapped ``PROT_NONE``. ``candidates`` builds
+every candidate schedule of every operation for AVX-512 and AVX2 (what a measuring
+search compiles) and renders each as C: an operation the ISA lacks raises. Each program
+is checked against the float64 reference; failures are appended to ``--log`` as JSON lines (source,
 declarations, target, seed, traceback) and the run goes on. The exit status is 1 when
 any failed.
 """
@@ -34,7 +37,11 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import blacc  # noqa: E402
 import test_blac_property as programs  # noqa: E402
+from blacc.backend import c as c_backend  # noqa: E402
 from blacc.blacs import plan  # noqa: E402
+from blacc.errors import ScheduleError  # noqa: E402
+from blacc.target.isa import AVX2, AVX512  # noqa: E402
+from blacc.transform.blac import build_module, candidates  # noqa: E402
 from guard import guarded_array, run_in_child  # noqa: E402
 from test_blac_programs import NP, assert_matches, make_values, run_interp  # noqa: E402
 
@@ -82,9 +89,22 @@ def check_compiled(source: str, decls: dict, dtype: str, seed: int, side: str) -
         raise AssertionError(f"{outcome.describe()}\n{outcome.report}")
 
 
+def check_candidates(source: str, decls: dict) -> None:
+    for isa in (AVX512, AVX2):
+        p = plan(source, target=isa.name, **decls)
+        for i, op in enumerate(p.indexed.ops):
+            for schedule in candidates(p.indexed, op, isa):
+                whole = (*p.schedule[:i], schedule, *p.schedule[i + 1:])
+                try:
+                    module = build_module(p.indexed, p.specs, whole, isa, "candidate")
+                except ScheduleError:
+                    continue  # refused: the planner drops it too
+                c_backend.render(module, isa)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("mode", choices=("interp", "compiled"))
+    parser.add_argument("mode", choices=("interp", "compiled", "candidates"))
     parser.add_argument("--minutes", type=float, default=10.0)
     parser.add_argument("--size", type=int, default=programs.MAX_SIZE,
                         help="largest extent of an operand (default %(default)s)")
@@ -109,15 +129,18 @@ def main(argv: list[str] | None = None) -> int:
         try:
             if args.mode == "interp":
                 check_interpreted(source, decls, dtype, seed, target)
-            else:
+            elif args.mode == "compiled":
                 check_compiled(source, decls, dtype, seed, side)
+            else:
+                check_candidates(source, decls)
         except Exception:  # noqa: BLE001 - every failure is recorded, the run goes on
             failed += 1
             with open(args.log, "a") as log:
                 log.write(json.dumps({
                     "mode": args.mode, "source": source,
                     "decls": {n: repr(d) for n, d in decls.items()},
-                    "target": target if args.mode == "interp" else "host", "side": side,
+                    "target": {"interp": target, "compiled": "host"}.get(args.mode, "all"),
+                    "side": side,
                     "seed": seed, "error": traceback.format_exc()[-4000:]}) + "\n")
         if count % 100 == 0:
             print(f"{count} programs, {failed} failed", flush=True)
