@@ -38,12 +38,12 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import blacc  # noqa: E402
 import test_blac_property as programs  # noqa: E402
 from blacc.backend import c as c_backend  # noqa: E402
-from blacc.blacs import plan  # noqa: E402
+from blacc.blacs import _typed, plan  # noqa: E402
 from blacc.errors import ScheduleError  # noqa: E402
 from blacc.target.isa import AVX2, AVX512  # noqa: E402
 from blacc.transform.blac import build_module, candidates  # noqa: E402
 from guard import guarded_array, run_in_child  # noqa: E402
-from test_blac_programs import NP, assert_matches, make_values, run_interp  # noqa: E402
+from test_blac_programs import NP, assert_matches, make_values  # noqa: E402
 
 
 def _guarded(spec, dtype: str, value, side: str) -> np.ndarray:
@@ -58,17 +58,13 @@ def _guarded(spec, dtype: str, value, side: str) -> np.ndarray:
 
 
 def check_interpreted(source: str, decls: dict, dtype: str, seed: int, target: str) -> None:
-    p = plan(source, target=target, **decls)
-    p.source  # noqa: B018 - rendered as C: every operation the target has
-    values = make_values(decls, dtype, np.random.default_rng(seed))
-    got = run_interp(p.module, p.specs, p.typed, values, slack=0)
-    assert_matches(p.typed, values, got, f"{source!r} {target}")
+    programs._check_interpreted(source, decls, dtype, seed, target, slack=0, render=True)
 
 
 def check_compiled(source: str, decls: dict, dtype: str, seed: int, side: str) -> None:
     kernel = blacc.compile(source, **decls)
     specs = kernel.specs
-    typed = plan(source, **decls).typed
+    typed = _typed(source, decls)  # type-checked only: compile has planned
     values = make_values(decls, dtype, np.random.default_rng(seed))
 
     def body() -> None:

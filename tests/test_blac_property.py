@@ -134,10 +134,15 @@ def programs(draw, max_depth: int = 3):
     return "\n".join(statements), dict(pool.decls), dtype
 
 
-def _check_interpreted(source: str, decls: dict, dtype: str, seed: int, target: str) -> None:
+def _check_interpreted(source: str, decls: dict, dtype: str, seed: int, target: str, *,
+                       slack: int = 3, render: bool = False) -> None:
+    """Plan ``source`` for ``target`` and interpret it against the reference (``slack``:
+    sentinel elements after each buffer; ``render``: also render the plan as C)."""
     p = plan(source, target=target, **decls)
+    if render:
+        p.source  # noqa: B018 - raises where the target lacks an operation
     values = make_values(decls, dtype, np.random.default_rng(seed))
-    got = run_interp(p.module, p.specs, p.typed, values)
+    got = run_interp(p.module, p.specs, p.typed, values, slack=slack)
     assert_matches(p.typed, values, got, f"{source!r} {decls} {p.schedule}")
 
 

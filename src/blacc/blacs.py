@@ -354,7 +354,7 @@ def _spine_kernel(program: object, name: str, operands: Mapping[str, Decl]):
     if gemms is None or not program_to_spine(gemms, typed, host.machine):
         return None
     specs = arg_specs(typed)
-    source = gemm_program_source(gemms, gemms.shapes(typed), specs, name, host)
+    source = gemm_program_source(gemms, specs, name, host)
     return FixedKernel.build(source, name, specs, flags=host.isa.flags, status=True)
 
 

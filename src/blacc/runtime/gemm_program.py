@@ -122,10 +122,10 @@ class _Entry:
         module = self.gemms[plan]
         return module.function(module.entry)
 
-    def step(self, stmt: GemmStatement, shapes: dict[str, tuple[int, int]]) -> None:
+    def step(self, stmt: GemmStatement) -> None:
         """The lines computing ``stmt``, in a block of their own."""
         ctype, lines = self.ctype, []
-        m, n, k = stmt.extents(shapes)
+        m, n, k = stmt.extents({name: (a.rows, a.cols) for name, a in self.arrays.items()})
         x = self.operand(stmt.a, m, k, "a", lines)
         y = self.operand(stmt.b, k, n, "b", lines)
         c = self.arrays[stmt.out]
@@ -154,15 +154,15 @@ class _Entry:
         self.body += ["{", *("    " + line for line in lines), "}"]
 
 
-def gemm_program_source(program: GemmProgram, shapes: dict[str, tuple[int, int]],
-                        specs: tuple[ArgSpec, ...], name: str, target: Target) -> str:
+def gemm_program_source(program: GemmProgram, specs: tuple[ArgSpec, ...], name: str,
+                        target: Target) -> str:
     """C source defining ``int name(...)``: ``program``'s steps computed by the spine's
-    GEMM on ``target`` (``shapes``: every array the steps name). Parameters are named
-    ``p0, p1...`` after their place in ``specs`` (names the user gave never reach the
-    C); the function returns 0, or 1 where memory could not be allocated."""
+    GEMM on ``target``. Parameters are named ``p0, p1...`` after their place in
+    ``specs`` (names the user gave never reach the C); the function returns 0, or 1
+    where memory could not be allocated."""
     entry = _Entry(specs, program, target)
     for stmt in program.steps:
-        entry.step(stmt, shapes)
+        entry.step(stmt)
     ctype = entry.ctype
     signature = []
     for i, s in enumerate(specs):
