@@ -3,6 +3,7 @@
     python tests/fuzz.py interp --minutes 30             # planned per target, interpreted
     python tests/fuzz.py compiled --minutes 30 --size 40  # compiled, arrays on guard pages
     python tests/fuzz.py candidates --minutes 30         # every candidate rendered as C
+    python tests/fuzz.py emitted --minutes 30 --size 40  # blacc.emit, strict cc, ctypes
 
 The programs are ``test_blac_property``'s (sums, differences, negation, scalings,
 products of every kind, transposes; one or two statements, updates in place; operands
@@ -14,7 +15,11 @@ read or write past an operand raises. ``compiled``
 compiles it for this machine (``blacc.compile``) and calls it, in a child process, with
 every array ending (or starting) at a page mapped ``PROT_NONE``. ``candidates`` builds
 every candidate schedule of every operation for AVX-512 and AVX2 (what a measuring
-search compiles) and renders each as C: an operation the ISA lacks raises. Each program
+search compiles) and renders each as C: an operation the ISA lacks raises. ``emitted``
+writes it with ``blacc.emit`` for the generic target, AVX2 or AVX-512 (those the CPU
+has), compiles the file alone with ``cc -std=c99 -O2 -Wall -Wextra -Werror`` (and
+``-pedantic`` for generic C; a warning fails) and calls it through ctypes, in a child
+process, on buffers fenced by sentinels that must survive. Each program
 is checked against the float64 reference; failures are appended to ``--log`` as JSON lines (source,
 declarations, target, seed, traceback) and the run goes on. The exit status is 1 when
 any failed.
@@ -26,8 +31,10 @@ import argparse
 import json
 import os
 import sys
+import tempfile
 import time
 import traceback
+from pathlib import Path
 
 import numpy as np
 from hypothesis import HealthCheck, Phase, Verbosity, given, settings
@@ -43,6 +50,7 @@ from blacc.errors import ScheduleError  # noqa: E402
 from blacc.target.isa import AVX2, AVX512  # noqa: E402
 from blacc.transform.blac import build_module, candidates  # noqa: E402
 from guard import guarded_array, run_in_child  # noqa: E402
+from test_blac_emit import HAS_AVX2, HAS_AVX512, run_emitted  # noqa: E402
 from test_blac_programs import NP, assert_matches, make_values  # noqa: E402
 
 
@@ -98,9 +106,23 @@ def check_candidates(source: str, decls: dict) -> None:
                 c_backend.render(module, isa)
 
 
+def check_emitted(source: str, decls: dict, dtype: str, seed: int, target: str) -> None:
+    with tempfile.TemporaryDirectory(prefix="blacc-fuzz-") as tmp:
+        c_path, _ = blacc.emit(source, Path(tmp) / "kern", target=target, **decls)
+        p = plan(source, name="kern", target=target, **decls)
+
+        def body() -> None:
+            run_emitted(c_path, p, decls, dtype, target, "kern", misalign=seed % 2 == 1,
+                        seed=seed, context=repr(source))
+
+        outcome = run_in_child(body, timeout=120)
+        if outcome.signal is not None or outcome.timed_out or outcome.exitcode != 0:
+            raise AssertionError(f"{outcome.describe()}\n{outcome.report}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("mode", choices=("interp", "compiled", "candidates"))
+    parser.add_argument("mode", choices=("interp", "compiled", "candidates", "emitted"))
     parser.add_argument("--minutes", type=float, default=10.0)
     parser.add_argument("--size", type=int, default=programs.MAX_SIZE,
                         help="largest extent of an operand (default %(default)s)")
@@ -125,6 +147,8 @@ def main(argv: list[str] | None = None) -> int:
         try:
             if args.mode == "interp":
                 check_interpreted(source, decls, dtype, seed, target)
+            elif args.mode == "emitted":
+                check_emitted(source, decls, dtype, seed, _runnable(target))
             elif args.mode == "compiled":
                 check_compiled(source, decls, dtype, seed, side)
             else:
@@ -135,7 +159,8 @@ def main(argv: list[str] | None = None) -> int:
                 log.write(json.dumps({
                     "mode": args.mode, "source": source,
                     "decls": {n: repr(d) for n, d in decls.items()},
-                    "target": {"interp": target, "compiled": "host"}.get(args.mode, "all"),
+                    "target": {"interp": target, "emitted": _runnable(target),
+                               "compiled": "host"}.get(args.mode, "all"),
                     "side": side,
                     "seed": seed, "error": traceback.format_exc()[-4000:]}) + "\n")
         if count % 100 == 0:
@@ -147,6 +172,13 @@ def main(argv: list[str] | None = None) -> int:
         pass
     print(f"{count} programs, {failed} failed" + (f" (see {args.log})" if failed else ""))
     return 1 if failed else 0
+
+
+def _runnable(target: str) -> str:
+    """``target``, or the widest this CPU runs below it."""
+    if target == "avx512" and not HAS_AVX512:
+        target = "avx2"
+    return target if target != "avx2" or HAS_AVX2 else "generic"
 
 
 class _Done(Exception):

@@ -589,6 +589,13 @@ def test_a_sum_ends_in_accumulators_it_has():
     assert pieces(13, AVX512) == [(0, 8, 8), (8, 8, 5)]
     assert pieces(100, AVX512) == [(16 * i, 16, 16) for i in range(6)] + [(96, 16, 4)]
     assert pieces(3, AVX512) == [(0, 4, 3)]
+    # the rest already one masked vector of the widest width: nothing after it (there
+    # was a third piece of -1 lanes at 8, a masked load of nothing past the row)
+    assert pieces(7, AVX512) == [(0, 4, 4), (4, 4, 3)]
+    assert pieces(6, AVX512) == [(0, 4, 4), (4, 4, 2)]
+    for isa in (AVX512, AVX2):
+        for n in range(1, 70):
+            pieces(n, isa)
     assert pieces(13, AVX2) == [(0, 8, 8), (8, 4, 4), (12, 4, 1)]
     assert pieces(10, AVX2) == [(0, 8, 8), (8, 8, 2)]
     assert pieces(16, AVX2) == [(0, 8, 8), (8, 8, 8)]

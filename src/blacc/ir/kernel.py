@@ -78,6 +78,13 @@ class Bin(Expr):
         return max(self.a.lanes, self.b.lanes)
 
 
+def _check_count(move: object, count: Expr | None, lanes: int) -> None:
+    """A masked move whose count is known moves 1 to ``lanes`` lanes: one of none is
+    wasted work at an address that may lie past its array (C: undefined)."""
+    if isinstance(count, Const) and not 0 < count.value <= lanes:
+        raise ValueError(f"{type(move).__name__} of {lanes} lanes with count {count.value}")
+
+
 @dataclass(frozen=True, eq=True)
 class Load(Expr):
     """``lanes`` consecutive elements of ``buf`` from ``index``; with ``count``, only the
@@ -91,6 +98,9 @@ class Load(Expr):
     lanes: int = 1
     count: Expr | None = None
     past_end: bool = False
+
+    def __post_init__(self) -> None:
+        _check_count(self, self.count, self.lanes)
 
 
 @dataclass(frozen=True, eq=True)
@@ -585,6 +595,9 @@ class Store(Stmt):
     value: Expr
     count: Expr | None = None
     past_end: bool = False
+
+    def __post_init__(self) -> None:
+        _check_count(self, self.count, self.value.lanes)
 
 
 @dataclass(frozen=True)

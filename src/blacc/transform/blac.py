@@ -206,8 +206,8 @@ def _sum_pieces(pieces: list[_Chunk], masks: bool) -> list[_Chunk]:
     two), loaded with the moves it had (``Isa.plain_moves``)."""
     if len(pieces) < 2:
         return pieces
-    if masks:
-        wide = [c for c in pieces if c.width == pieces[0].width]
+    if masks:  # the last piece may itself be masked at that width (f32 7 as 4 + 3 of 4)
+        wide = [c for c in pieces if c.width == pieces[0].width and not c.masked]
         end = pieces[-1].start + pieces[-1].count
         rest = end - wide[-1].start - wide[-1].width
         return wide + ([_Chunk(end - rest, wide[0].width, rest)] if rest else [])
