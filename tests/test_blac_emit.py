@@ -17,20 +17,21 @@ import ctypes
 import re
 import shutil
 import subprocess
+import types
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 import blacc
-from blacc.blacs import host_isas, plan
+from blacc.blacs import _typed, host_isas, plan
 from blacc.ir import kernel as kir
 from blacc.ir import printer
 from blacc.ir.walk import nodes_of
 from blacc.target.isa import ISAS
 from blacc.target.machine import detect_machine
 from blacc.transform.blac import build_module, candidates
-from blacc.transform.index_notation import forms
+from blacc.transform.index_notation import arg_specs, forms
 from test_blac_programs import (
     SENTINEL,
     assert_matches,
@@ -74,8 +75,10 @@ def build(c_path: Path, target: str) -> ctypes.CDLL:
     return ctypes.CDLL(str(lib))
 
 
-def call(fn, specs, dtype: str, values: dict, *, misalign: bool) -> dict:
-    """Call the emitted function on sentinel-padded buffers; return the buffers by name."""
+def call(fn, specs, dtype: str, values: dict, *, misalign: bool, status: bool = False
+         ) -> dict:
+    """Call the emitted function on sentinel-padded buffers; return the buffers by name.
+    A function with a ``status`` must return 0."""
     bufs = interp_buffers(specs, values, dtype)
     ctype = ctypes.c_float if dtype == "f32" else ctypes.c_double
     args, argtypes = [], []
@@ -91,8 +94,9 @@ def call(fn, specs, dtype: str, values: dict, *, misalign: bool) -> dict:
         else:
             args.append(ctype(b))
             argtypes.append(ctype)
-    fn.argtypes, fn.restype = argtypes, None
-    fn(*args)
+    fn.argtypes, fn.restype = argtypes, ctypes.c_int if status else None
+    returned = fn(*args)
+    assert not status or returned == 0, f"returned {returned}"
     return bufs
 
 
@@ -107,13 +111,16 @@ def emit_and_run(tmp_path: Path, source: str, decls: dict, dtype: str, target: s
 
 
 def run_emitted(c_path: Path, p, decls: dict, dtype: str, target: str, name: str, *,
-                misalign: bool = False, seed: int = 0, context: str = "") -> None:
-    """Build ``c_path`` (plan ``p``'s kernel ``name``), call it on sentinel-padded
-    buffers and check it against NumPy, its inputs and the sentinels untouched."""
+                misalign: bool = False, seed: int = 0, context: str = "",
+                status: bool = False) -> None:
+    """Build ``c_path`` (``p``'s kernel ``name``: its ``specs`` and ``typed``), call it
+    on sentinel-padded buffers and check it against NumPy, its inputs and the sentinels
+    untouched; one with a ``status`` must return 0."""
     lib = build(c_path, target)
     values = make_values(decls, dtype, np.random.default_rng(seed))
     before = {n: np.array(v) for n, v in values.items() if isinstance(v, np.ndarray)}
-    bufs = call(getattr(lib, name), p.specs, dtype, values, misalign=misalign)
+    bufs = call(getattr(lib, name), p.specs, dtype, values, misalign=misalign,
+                status=status)
     got = {}
     for s in p.specs:
         b = bufs[s.name]
@@ -255,6 +262,53 @@ def test_avx2_header_names_the_flags(tmp_path):
     assert "element type f32" in header
     assert re.search(r"^void mv\(const float \*restrict A, const float \*restrict x, "
                      r"float \*restrict y\);$", header, re.M), header
+
+
+SPINE_CASES = [
+    ("gemm-f64", "C = alpha*A*B' + beta*C", "f64",
+     dict(A=M(130, 150), B=M(140, 150, layout="col", ld=160), C=M(130, 140, layout="col",
+                                                                  ld=133),
+          alpha=S(), beta=S())),
+    ("chain-f32", "E = A*B*F", "f32",
+     dict(A=M(120, 90, "f32"), B=M(90, 110, "f32", ld=117), F=M(110, 100, "f32"),
+          E=M(120, 100, "f32"))),
+]
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize(("case", "source", "dtype", "decls"), SPINE_CASES,
+                         ids=[c[0] for c in SPINE_CASES])
+def test_large_gemm_programs_are_emitted_as_the_spine(tmp_path, case, source, dtype, decls,
+                                                      target):
+    """GEMMs on operands too large for L1 are emitted as the spine computes them (as
+    ``compile`` does): cache-blocked, packed where the plan packs, the buffers
+    allocated (C99: from malloc, aligned by hand), the function returning 0, or 1 where
+    that failed."""
+    c_path, h_path = blacc.emit(source, tmp_path / "kern", target=target, **decls)
+    text, header = c_path.read_text(), h_path.read_text()
+    assert "blacc_gemm_" in text and "aligned_alloc" not in text  # C11
+    assert "Returns 0, or 1 where a scratch allocation failed." in header
+    assert ("_mm" in text) == (target != "generic")
+    typed = _typed(source, decls)
+    p = types.SimpleNamespace(specs=arg_specs(typed), typed=typed)
+    ctype = "float" if dtype == "f32" else "double"
+    params = [f"{'const ' if s.role == 'in' else ''}{ctype} *restrict {s.name}"
+              if s.kind == "array" else f"{ctype} {s.name}" for s in p.specs]
+    assert f"int kern({', '.join(params)});" in header  # the operands' own names
+    run_emitted(c_path, p, decls, dtype, target, "kern", misalign=dtype == "f32",
+                seed=len(case), context=source, status=True)
+
+
+def test_two_emitted_spine_kernels_link_together(tmp_path):
+    """Each file keeps its GEMM and packing routines to itself (static)."""
+    paths = [blacc.emit(source, tmp_path / f"k{i}", target="generic", **decls)[0]
+             for i, (_, source, _, decls) in enumerate(SPINE_CASES)]
+    lib = tmp_path / "both.so"
+    cmd = [CC, *flags_for("generic"), "-fPIC", "-shared", *map(str, paths), "-o", str(lib)]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    assert proc.returncode == 0 and not proc.stderr, proc.stderr
+    lib = ctypes.CDLL(str(lib))
+    assert lib.k0 and lib.k1
 
 
 def test_emit_name_and_padding_untouched(tmp_path):

@@ -250,16 +250,18 @@ def test_large_gemms_go_to_the_spine_and_others_stay():
     # a large matrix-vector product is streamed by the small path as fast
     matvec = blacc.compile("y = A*x", A=M(400, 400, f32), x=V(400, f32), y=V(400, f32))
     assert "blacc_gemm_" not in matvec.source
-    # another target than the host's plans the small path
-    other = blacc.compile("C = A*B", target="generic", A=M(160, 160, f32),
+    # another target: the spine in its instructions (plain C for 'generic')
+    other = blacc.compile("C = A*B + C", target="generic", A=M(160, 160, f32),
                           B=M(160, 160, f32), C=M(160, 160, f32))
-    assert "blacc_gemm_" not in other.source
+    assert "blacc_gemm_" in other.source and "_mm" not in other.source
     rng = np.random.default_rng(7)
     A, B = (rng.uniform(-1, 1, (160, 160)).astype(np.float32) for _ in range(2))
     C = rng.uniform(-1, 1, (160, 160)).astype(np.float32)
     expected = A.astype(np.float64) @ B + C
-    large(A=A, B=B, C=C)
-    np.testing.assert_allclose(C, expected, rtol=1e-4, atol=1e-4)
+    for kernel in (large, other):
+        got = C.copy()
+        kernel(A=A, B=B, C=got)
+        np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4)
 
 
 def test_programs_go_to_the_spine_where_its_steps_hold_most_of_the_work():
@@ -281,6 +283,18 @@ def test_programs_go_to_the_spine_where_its_steps_hold_most_of_the_work():
         assert to_spine("C = A*B\nF = D*E", A=f32(400, k), B=f32(k, 400),
                         C=f32(400, 400), D=f32(80, 80), E=f32(80, 80),
                         F=f32(80, 80)) == spine
+
+
+def test_plain_c_keeps_the_small_path_for_a_short_k():
+    """Without vectors, gcc vectorizes the small path's rows where k is short, and not
+    the spine's micro-kernel: 1000 x 1000 x 16 stays small in plain C only."""
+    no_l1 = types.SimpleNamespace(cache=lambda level: None)
+    for k, plain in ((16, False), (route.PLAIN_C_MIN_K, True)):
+        decls = dict(A=M(1000, k, "f32"), B=M(k, 1000, "f32"), C=M(1000, 1000, "f32"))
+        typed = _typed("C = A*B + C", decls)
+        assert route.program_to_spine(gemm_program(typed), typed, no_l1)
+        assert route.program_to_spine(gemm_program(typed), typed, no_l1,
+                                      vectors=False) == plain
 
 
 @st.composite

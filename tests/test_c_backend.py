@@ -31,7 +31,7 @@ from conftest import LAYOUTS
 
 GOLDEN = Path(__file__).parent / "golden"
 REGEN = os.environ.get("BLACC_REGEN_GOLDEN") == "1"
-STRICT_FLAGS = ("-std=c11", "-O2", "-Wall", "-Wextra", "-Werror")
+STRICT_FLAGS = ("-std=c99", "-O2", "-Wall", "-Wextra", "-Werror")
 
 
 def _lowered(dtype, schedule, isa, known_strides=None, name="kernel", **trans):
@@ -56,7 +56,7 @@ def test_avx2_f32_uses_intrinsics():
                       "_mm256_set1_ps", "_mm256_mul_ps", "_mm256_cmpgt_epi32", "__m256 "):
         assert intrinsic in src, intrinsic
     assert "_pd" not in src and "double" not in src
-    assert "aligned_alloc(64," in src and "goto out_of_memory;" in src
+    assert "blacc_alloc(64," in src and "goto out_of_memory;" in src
     assert "int kernel(" in src and "static void kernel_micro(" in src
 
 
@@ -66,7 +66,7 @@ def test_avx2_f64_uses_intrinsics():
                       "_mm256_maskload_pd", "_mm256_cmpgt_epi64", "__m256d "):
         assert intrinsic in src, intrinsic
     assert "_ps(" not in src and "float" not in src
-    assert "aligned_alloc" not in src  # no_packing allocates nothing
+    assert "blacc_alloc" not in src  # no_packing allocates nothing
 
 
 @pytest.mark.parametrize("module", [GENERIC_F64, GENERIC_F32], ids=["blis-f64", "no_packing-f32"])

@@ -321,7 +321,7 @@ def test_levels_contain_what_each_pass_leaves(case):
     names = {f.name for f in packed.functions}
     for op in packs:
         width = next(t.sliver for t in schedule if isinstance(t, Pack) and t.operand == op)
-        assert f"pack_{CASES[case][0]}_w{width}" in names
+        assert f"blacc_pack_{CASES[case][0]}_w{width}" in names
 
     for isa in isas:
         final, levels = lower(scheduled, isa)

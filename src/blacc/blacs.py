@@ -26,7 +26,7 @@ from .frontend import TypedProgram, check, parse, to_program
 from .frontend.types import Decl
 from .ir import indexed as ix
 from .ir import kernel as k
-from .runtime.gemm import host_target
+from .runtime.gemm import Target, host_target
 from .runtime.measure import time_kernels
 from .runtime.plan_cache import Choice, remembered
 from .runtime.signature import ArgSpec
@@ -326,15 +326,16 @@ def compile(program: object, *, search: str = "model", name: str = "blac_kernel"
     machine AVX2 or AVX-512, whichever the model finds faster, see ``host_isas``) or
     another ISA this machine runs ('avx512', 'avx2', 'generic'). The kernel
     takes operands by name; array outputs are written in place (allocated when omitted)
-    and scalar outputs returned. For 'host', a program that is GEMMs (``C =
-    alpha*op(A)*op(B) + beta*C``, statements of such, products of several matrices,
-    ``transform.as_gemm``) on operands too large for L1 runs the spine's cache-blocked
-    GEMM instead, whatever ``search`` says (``strategy.route``)."""
+    and scalar outputs returned. A program that is GEMMs (``C = alpha*op(A)*op(B) +
+    beta*C``, statements of such, products of several matrices, ``transform.as_gemm``)
+    on operands too large for L1 runs the spine's cache-blocked GEMM instead, for the
+    target's ISA (for 'host' the widest), whatever ``search`` says
+    (``strategy.route``)."""
     from .runtime.pycall import FixedKernel
 
     _runnable(_isa(target), "compile")
     _check_request(name, search)
-    if _is_host(target) and (spine := _spine_kernel(program, name, operands)) is not None:
+    if (spine := _spine_kernel(program, name, _isa(target), operands)) is not None:
         return spine
     chosen = plan(program, name=name, target=target, search=search, **operands)
     return FixedKernel.build(chosen.source, name, chosen.specs,
@@ -342,20 +343,45 @@ def compile(program: object, *, search: str = "model", name: str = "blac_kernel"
                              status=chosen.module.function(chosen.module.entry).status)
 
 
-def _spine_kernel(program: object, name: str, operands: Mapping[str, Decl]):
-    """A kernel for a program of large GEMMs, computed by the spine's GEMM
-    (``transform.as_gemm``, ``strategy.route``), or None for the small path."""
+@dataclass(frozen=True)
+class SpineSource:
+    """A program of large GEMMs as the spine computes it: C source defining ``int
+    name(...)`` (0, or 1 where memory could not be allocated), parameters in ``specs``
+    order."""
+
+    typed: TypedProgram
+    specs: tuple[ArgSpec, ...]
+    source: str
+    isa: Isa
+
+
+def spine_source(program: object, name: str, target: Target,
+                 operands: Mapping[str, Decl]) -> SpineSource | None:
+    """``program`` computed by the spine's GEMM for ``target`` where it is GEMMs on
+    operands large enough (``transform.as_gemm``, ``strategy.route``), else None: the
+    small path computes it."""
     from .runtime.gemm_program import gemm_program_source
-    from .runtime.pycall import FixedKernel
 
     typed = _typed(program, operands)
     gemms = gemm_program(typed)
-    host = host_target()
-    if gemms is None or not program_to_spine(gemms, typed, host.machine):
+    if gemms is None or not program_to_spine(gemms, typed, target.machine,
+                                             vectors=target.isa is not GENERIC):
         return None
     specs = arg_specs(typed)
-    source = gemm_program_source(gemms, specs, name, host)
-    return FixedKernel.build(source, name, specs, flags=host.isa.flags, status=True)
+    return SpineSource(typed, specs, gemm_program_source(gemms, specs, name, target),
+                       target.isa)
+
+
+def _spine_kernel(program: object, name: str, isa: Isa, operands: Mapping[str, Decl]):
+    """A kernel computed by the spine (``spine_source``) on ``isa``, blocked for this
+    machine's caches, or None for the small path."""
+    from .runtime.pycall import FixedKernel
+
+    spine = spine_source(program, name, Target(host_target().machine, isa), operands)
+    if spine is None:
+        return None
+    return FixedKernel.build(spine.source, name, spine.specs, flags=spine.isa.flags,
+                             status=True)
 
 
 def _build_isa(target: str | Isa | None, isa: Isa) -> Isa:
@@ -395,11 +421,19 @@ def emit(program: object, output: str | Path, *, name: str | None = None,
     dependency on blacc. Returns the two paths. ``target``: 'host' (this machine's
     intrinsics, ``host_isas``), 'avx512', 'avx2', or 'generic' (plain C99 for any
     compiler). A ``search`` other than 'model' times candidates here, so needs a target
-    this machine runs. Every program is emitted as the small path plans it, GEMMs on
-    large operands too (the spine's GEMM allocates its packing buffers and can fail, which
-    the emitted function does not)."""
+    this machine runs. As in ``compile``, a program that is GEMMs on operands too large
+    for L1 is computed by the spine's GEMM, blocked for this machine's caches (whatever
+    ``search`` says); that function allocates its packing buffers and returns 0, or 1
+    where an allocation failed."""
     out = Path(output)
     fname = name or re.sub(r"\W", "_", out.stem)
+    _check_request(fname, search)
+    spine = spine_source(program, fname, Target(host_target().machine, _isa(target)),
+                         operands)
+    if spine is not None:
+        return _write(out, _header(fname, spine.typed, spine.specs, spine.isa,
+                                   f"int {fname}({_named_params(spine.specs)})", True),
+                      spine.source)
     return write_standalone(plan(program, name=fname, target=target, search=search,
                                  **operands), out)
 
@@ -407,8 +441,10 @@ def emit(program: object, output: str | Path, *, name: str | None = None,
 def write_standalone(p: Plan, output: str | Path) -> tuple[Path, Path]:
     """Write plan ``p``'s kernel as ``output.c`` and ``output.h`` (``standalone_c``), the
     source including the header; returns the two paths."""
-    out = Path(output)
-    header, source = standalone_c(p)
+    return _write(Path(output), *standalone_c(p))
+
+
+def _write(out: Path, header: str, source: str) -> tuple[Path, Path]:
     c_path, h_path = out.with_suffix(".c"), out.with_suffix(".h")
     h_path.write_text(header, encoding="utf-8")
     c_path.write_text(f'#include "{h_path.name}"\n' + source, encoding="utf-8")
@@ -430,20 +466,36 @@ def _param_doc(s: ArgSpec) -> str:
 def standalone_c(p: Plan) -> tuple[str, str]:
     """(header, source) of the standalone kernel."""
     entry = p.module.function(p.module.entry)
-    signature = c_backend.signature(entry)
-    guard = f"{entry.name.upper()}_H"
-    doc = "\n".join(f" *   {_param_doc(s)}" for s in p.specs)
-    isa_note = ("plain C99" if not p.isa.header else
-                f"needs <{p.isa.header}> and {' '.join(p.isa.flags)}")
-    # a kernel that allocates nothing cannot fail and returns nothing
-    returns = " * Returns 0, or 1 where a scratch allocation failed.\n" if entry.status else ""
-    header = (f"/* Generated by blacc: {' ; '.join(_statement_text(p.typed))}\n"
-              f" * element type {p.typed.dtype}; {isa_note}.\n"
-              f" * Parameters (pointers must not overlap unless noted):\n{doc}\n"
-              f"{returns} */\n"
-              f"#ifndef {guard}\n#define {guard}\n\n#include <stdint.h>\n\n"
-              f"{signature};\n\n#endif\n")
+    header = _header(entry.name, p.typed, p.specs, p.isa, c_backend.signature(entry),
+                     entry.status)
     return header, c_backend.render(p.module, p.isa)
+
+
+def _header(name: str, typed: TypedProgram, specs: tuple[ArgSpec, ...], isa: Isa,
+            signature: str, status: bool) -> str:
+    """The header declaring a standalone kernel, ``signature``, and saying what it needs
+    and what its parameters are."""
+    guard = f"{name.upper()}_H"
+    doc = "\n".join(f" *   {_param_doc(s)}" for s in specs)
+    isa_note = ("plain C99" if not isa.header else
+                f"needs <{isa.header}> and {' '.join(isa.flags)}")
+    # a kernel that allocates nothing cannot fail and returns nothing
+    returns = " * Returns 0, or 1 where a scratch allocation failed.\n" if status else ""
+    return (f"/* Generated by blacc: {' ; '.join(_statement_text(typed))}\n"
+            f" * element type {typed.dtype}; {isa_note}.\n"
+            f" * Parameters (pointers must not overlap unless noted):\n{doc}\n"
+            f"{returns} */\n"
+            f"#ifndef {guard}\n#define {guard}\n\n#include <stdint.h>\n\n"
+            f"{signature};\n\n#endif\n")
+
+
+def _named_params(specs: tuple[ArgSpec, ...]) -> str:
+    """C parameters named after the operands (the spine's definition names them
+    ``p0, p1...``, a declaration may name them otherwise)."""
+    ctype = {"f32": "float", "f64": "double"}
+    return ", ".join(
+        (f"{'const ' if s.role == 'in' else ''}{ctype[s.dtype]} *restrict {s.name}"
+         if s.kind == "array" else f"{ctype[s.dtype]} {s.name}") for s in specs)
 
 
 def _statement_text(typed: TypedProgram) -> list[str]:

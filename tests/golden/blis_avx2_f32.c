@@ -12,13 +12,26 @@
 #define BLACC_NOINLINE
 #define BLACC_ENTRY
 #endif
+static void *blacc_alloc(size_t align, size_t size) {
+    unsigned char *block;
+    uintptr_t start;
+    if (size > SIZE_MAX - align - sizeof(void *)) return NULL;
+    block = (unsigned char *)malloc(size + align + sizeof(void *));
+    if (!block) return NULL;
+    start = ((uintptr_t)(block + sizeof(void *)) + (align - 1)) & ~(uintptr_t)(align - 1);
+    ((void **)start)[-1] = block;
+    return (void *)start;
+}
+static void blacc_free(void *p) {
+    if (p) free(((void **)p)[-1]);
+}
 
-BLACC_NOINLINE static void pack_f32_w16(float *restrict dst, const float *restrict src, int64_t rs, int64_t cs, int64_t rows, int64_t cols);
-BLACC_NOINLINE static void pack_f32_w6(float *restrict dst, const float *restrict src, int64_t rs, int64_t cs, int64_t rows, int64_t cols);
+BLACC_NOINLINE static void blacc_pack_f32_w16(float *restrict dst, const float *restrict src, int64_t rs, int64_t cs, int64_t rows, int64_t cols);
+BLACC_NOINLINE static void blacc_pack_f32_w6(float *restrict dst, const float *restrict src, int64_t rs, int64_t cs, int64_t rows, int64_t cols);
 BLACC_NOINLINE static void kernel_micro8(int64_t kc, const float *restrict a, const float *restrict b, float *restrict c, int64_t c_rs, int64_t rows, int64_t cols, float alpha, float beta);
 BLACC_NOINLINE static void kernel_micro(int64_t kc, const float *restrict a, const float *restrict b, float *restrict c, int64_t c_rs, int64_t rows, int64_t cols, float alpha, float beta);
 
-BLACC_NOINLINE static void pack_f32_w16(float *restrict dst, const float *restrict src, int64_t rs, int64_t cs, int64_t rows, int64_t cols) {
+BLACC_NOINLINE static void blacc_pack_f32_w16(float *restrict dst, const float *restrict src, int64_t rs, int64_t cs, int64_t rows, int64_t cols) {
     if ((rs == 1)) {
         for (int64_t s = 0; s < rows; s += 16) {
             int64_t h = (16 < (rows - s) ? 16 : (rows - s));
@@ -345,7 +358,7 @@ BLACC_NOINLINE static void pack_f32_w16(float *restrict dst, const float *restri
     }
 }
 
-BLACC_NOINLINE static void pack_f32_w6(float *restrict dst, const float *restrict src, int64_t rs, int64_t cs, int64_t rows, int64_t cols) {
+BLACC_NOINLINE static void blacc_pack_f32_w6(float *restrict dst, const float *restrict src, int64_t rs, int64_t cs, int64_t rows, int64_t cols) {
     if ((rs == 1)) {
         for (int64_t s = 0; s < rows; s += 6) {
             int64_t h = (6 < (rows - s) ? 6 : (rows - s));
@@ -861,9 +874,9 @@ BLACC_ENTRY int kernel(int64_t m, int64_t n, int64_t k, float alpha, const float
     (void)C_s1;
     float *restrict Bp = NULL;
     float *restrict Ap = NULL;
-    Bp = (float *)aligned_alloc(64, (((size_t)(256) * sizeof(float) + 63) & ~(size_t)63));
+    Bp = (float *)blacc_alloc(64, (size_t)(256) * sizeof(float));
     if (!Bp) goto out_of_memory;
-    Ap = (float *)aligned_alloc(64, (((size_t)(96) * sizeof(float) + 63) & ~(size_t)63));
+    Ap = (float *)blacc_alloc(64, (size_t)(96) * sizeof(float));
     if (!Ap) goto out_of_memory;
     int64_t j0_count = ((n + 31) / 32);
     int64_t j0_step = ((((((n + (j0_count - 1)) / (j0_count > 1 ? j0_count : 1)) + 15) / 16) * 16) < 32 ? (((((n + (j0_count - 1)) / (j0_count > 1 ? j0_count : 1)) + 15) / 16) * 16) : 32);
@@ -875,10 +888,10 @@ BLACC_ENTRY int kernel(int64_t m, int64_t n, int64_t k, float alpha, const float
         for (int64_t k1_i = 0; k1_i < k1_count; k1_i += 1) {
             int64_t k1 = (k1_i * k1_step);
             int64_t k1_len = (k1_step < (k - k1) ? k1_step : (k - k1));
-            pack_f32_w16(Bp, &B[((j0 * B_s1) + (k1 * B_s0))], B_s1, B_s0, j0_len, k1_len);
+            blacc_pack_f32_w16(Bp, &B[((j0 * B_s1) + (k1 * B_s0))], B_s1, B_s0, j0_len, k1_len);
             for (int64_t i2 = 0; i2 < m; i2 += 12) {
                 int64_t i2_len = (12 < (m - i2) ? 12 : (m - i2));
-                pack_f32_w6(Ap, &A[((i2 * A_s0) + (k1 * A_s1))], A_s0, A_s1, i2_len, k1_len);
+                blacc_pack_f32_w6(Ap, &A[((i2 * A_s0) + (k1 * A_s1))], A_s0, A_s1, i2_len, k1_len);
                 for (int64_t j3 = 0; j3 < j0_len; j3 += 16) {
                     int64_t j3_len = (16 < (j0_len - j3) ? 16 : (j0_len - j3));
                     for (int64_t i4 = 0; i4 < i2_len; i4 += 6) {
@@ -893,11 +906,11 @@ BLACC_ENTRY int kernel(int64_t m, int64_t n, int64_t k, float alpha, const float
             }
         }
     }
-    free(Bp);
-    free(Ap);
+    blacc_free(Bp);
+    blacc_free(Ap);
     return 0;
 out_of_memory:
-    free(Bp);
-    free(Ap);
+    blacc_free(Bp);
+    blacc_free(Ap);
     return 1;
 }

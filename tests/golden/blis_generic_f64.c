@@ -11,11 +11,24 @@
 #define BLACC_NOINLINE
 #define BLACC_ENTRY
 #endif
+static void *blacc_alloc(size_t align, size_t size) {
+    unsigned char *block;
+    uintptr_t start;
+    if (size > SIZE_MAX - align - sizeof(void *)) return NULL;
+    block = (unsigned char *)malloc(size + align + sizeof(void *));
+    if (!block) return NULL;
+    start = ((uintptr_t)(block + sizeof(void *)) + (align - 1)) & ~(uintptr_t)(align - 1);
+    ((void **)start)[-1] = block;
+    return (void *)start;
+}
+static void blacc_free(void *p) {
+    if (p) free(((void **)p)[-1]);
+}
 
-BLACC_NOINLINE static void pack_f64_w4(double *restrict dst, const double *restrict src, int64_t rs, int64_t cs, int64_t rows, int64_t cols);
+BLACC_NOINLINE static void blacc_pack_f64_w4(double *restrict dst, const double *restrict src, int64_t rs, int64_t cs, int64_t rows, int64_t cols);
 BLACC_NOINLINE static void kernel_micro(int64_t kc, const double *restrict a, const double *restrict b, double *restrict c, int64_t c_rs, int64_t rows, int64_t cols, double alpha, double beta);
 
-BLACC_NOINLINE static void pack_f64_w4(double *restrict dst, const double *restrict src, int64_t rs, int64_t cs, int64_t rows, int64_t cols) {
+BLACC_NOINLINE static void blacc_pack_f64_w4(double *restrict dst, const double *restrict src, int64_t rs, int64_t cs, int64_t rows, int64_t cols) {
     if ((rs == 1)) {
         for (int64_t s = 0; s < rows; s += 4) {
             int64_t h = (4 < (rows - s) ? 4 : (rows - s));
@@ -437,9 +450,9 @@ BLACC_ENTRY int kernel(int64_t m, int64_t n, int64_t k, double alpha, const doub
     (void)C_s1;
     double *restrict Bp = NULL;
     double *restrict Ap = NULL;
-    Bp = (double *)aligned_alloc(64, (((size_t)(256) * sizeof(double) + 63) & ~(size_t)63));
+    Bp = (double *)blacc_alloc(64, (size_t)(256) * sizeof(double));
     if (!Bp) goto out_of_memory;
-    Ap = (double *)aligned_alloc(64, (((size_t)(96) * sizeof(double) + 63) & ~(size_t)63));
+    Ap = (double *)blacc_alloc(64, (size_t)(96) * sizeof(double));
     if (!Ap) goto out_of_memory;
     int64_t j0_count = ((n + 31) / 32);
     int64_t j0_step = ((((((n + (j0_count - 1)) / (j0_count > 1 ? j0_count : 1)) + 3) / 4) * 4) < 32 ? (((((n + (j0_count - 1)) / (j0_count > 1 ? j0_count : 1)) + 3) / 4) * 4) : 32);
@@ -451,10 +464,10 @@ BLACC_ENTRY int kernel(int64_t m, int64_t n, int64_t k, double alpha, const doub
         for (int64_t k1_i = 0; k1_i < k1_count; k1_i += 1) {
             int64_t k1 = (k1_i * k1_step);
             int64_t k1_len = (k1_step < (k - k1) ? k1_step : (k - k1));
-            pack_f64_w4(Bp, &B[((j0 * B_s1) + (k1 * B_s0))], B_s1, B_s0, j0_len, k1_len);
+            blacc_pack_f64_w4(Bp, &B[((j0 * B_s1) + (k1 * B_s0))], B_s1, B_s0, j0_len, k1_len);
             for (int64_t i2 = 0; i2 < m; i2 += 12) {
                 int64_t i2_len = (12 < (m - i2) ? 12 : (m - i2));
-                pack_f64_w4(Ap, &A[((i2 * A_s0) + (k1 * A_s1))], A_s0, A_s1, i2_len, k1_len);
+                blacc_pack_f64_w4(Ap, &A[((i2 * A_s0) + (k1 * A_s1))], A_s0, A_s1, i2_len, k1_len);
                 for (int64_t j3 = 0; j3 < j0_len; j3 += 4) {
                     int64_t j3_len = (4 < (j0_len - j3) ? 4 : (j0_len - j3));
                     for (int64_t i4 = 0; i4 < i2_len; i4 += 4) {
@@ -465,11 +478,11 @@ BLACC_ENTRY int kernel(int64_t m, int64_t n, int64_t k, double alpha, const doub
             }
         }
     }
-    free(Bp);
-    free(Ap);
+    blacc_free(Bp);
+    blacc_free(Ap);
     return 0;
 out_of_memory:
-    free(Bp);
-    free(Ap);
+    blacc_free(Bp);
+    blacc_free(Ap);
     return 1;
 }

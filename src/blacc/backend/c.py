@@ -238,13 +238,12 @@ class _Renderer:
             self.locals.append(s.buf)
             return [f"{pad}{_SCALAR[s.dtype]} {s.buf}[{s.size}];"]
         if isinstance(s, k.Alloc):
-            # aligned_alloc needs a size that is a multiple of the alignment.
-            t, a = _SCALAR[s.dtype], s.align
-            size = f"(((size_t)({self.expr(s.size)}) * sizeof({t}) + {a - 1}) & ~(size_t){a - 1})"
-            return [f"{pad}{s.buf} = ({t} *)aligned_alloc({a}, {size});",
+            t = _SCALAR[s.dtype]
+            size = f"(size_t)({self.expr(s.size)}) * sizeof({t})"
+            return [f"{pad}{s.buf} = ({t} *)blacc_alloc({s.align}, {size});",
                     f"{pad}if (!{s.buf}) goto out_of_memory;"]
         if isinstance(s, k.Free):
-            return [f"{pad}free({s.buf});"]
+            return [f"{pad}blacc_free({s.buf});"]
         if isinstance(s, k.Call):
             return [f"{pad}{s.func}({', '.join(self.expr(a) for a in s.args)});"]
         if isinstance(s, k.Barrier):
@@ -291,7 +290,8 @@ class _Renderer:
         if f.exported and f.status:
             lines.append("    return 0;")
         if allocs:
-            lines += ["out_of_memory:", *[f"    free({s.buf});" for s in allocs], "    return 1;"]
+            lines += ["out_of_memory:", *[f"    blacc_free({s.buf});" for s in allocs],
+                      "    return 1;"]
         lines.append("}")
         return "\n".join(lines)
 
@@ -319,14 +319,33 @@ def render(module: k.Module, isa: Isa) -> str:
     return render_modules((module,), isa)
 
 
+# Aligned scratch from malloc alone: aligned_alloc is C11 and posix_memalign POSIX, and
+# an emitted kernel is C99. The block malloc returned is kept just before the aligned one.
+_ALIGNED_ALLOC = """\
+static void *blacc_alloc(size_t align, size_t size) {
+    unsigned char *block;
+    uintptr_t start;
+    if (size > SIZE_MAX - align - sizeof(void *)) return NULL;
+    block = (unsigned char *)malloc(size + align + sizeof(void *));
+    if (!block) return NULL;
+    start = ((uintptr_t)(block + sizeof(void *)) + (align - 1)) & ~(uintptr_t)(align - 1);
+    ((void **)start)[-1] = block;
+    return (void *)start;
+}
+static void blacc_free(void *p) {
+    if (p) free(((void **)p)[-1]);
+}"""
+
+
 def render_modules(modules: Sequence[k.Module], isa: Isa, opaque: Collection[str] = ()
                    ) -> str:
     """Several modules as one C translation unit, which includes the ISA's header and
     defines the helpers once (a measuring search compiles its candidates together:
     parsing immintrin.h is most of the time gcc takes for a small kernel). Their
     functions' names must differ. The exported functions named in ``opaque`` are
-    declared so that calls from code added to the unit see neither their bodies nor
-    their arguments' values (GCC's ``noipa``): called with constant extents and strides,
+    declared static (called within the unit only), and so that calls from code added to
+    the unit see neither their bodies nor their arguments' values (GCC's ``noipa``):
+    called with constant extents and strides,
     gcc 12 otherwise compiled a copy of a spine GEMM for them, 8 x 1000 x 1000 f32 at
     0.83x the speed of the same function called from outside."""
     functions = [f for m in modules for f in m.functions]
@@ -341,7 +360,9 @@ def render_modules(modules: Sequence[k.Module], isa: Isa, opaque: Collection[str
     if isa.header:
         head.append(f"#include <{isa.header}>")
     protos = [r.signature(f) + ";" for f in functions if not f.exported]
-    protos += [f"BLACC_OPAQUE {r.signature(f)};" for f in functions
+    # static: the unit's own entry calls them, and two units linked together (two
+    # emitted kernels) must not both export a GEMM of the same name
+    protos += [f"BLACC_OPAQUE static {r.signature(f)};" for f in functions
                if f.exported and f.name in opaque]
     bodies = [r.function(f) for f in functions]
     text = "\n".join(bodies)
@@ -374,6 +395,8 @@ def render_modules(modules: Sequence[k.Module], isa: Isa, opaque: Collection[str
                  "#else",
                  "#define BLACC_OPAQUE",
                  "#endif"]
+    if "blacc_alloc(" in text:
+        head.append(_ALIGNED_ALLOC)
     # Helpers in dependency order (the table lists callees first); one may call another.
     used = [name for name in isa.prelude if name in text]
     used += [name for name in isa.prelude

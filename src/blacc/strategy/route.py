@@ -41,16 +41,25 @@ SPINE_L1_MULTIPLE = 2.5
 PASS_MIN_EXTENT = 96
 #: L1's size where the machine does not say.
 DEFAULT_L1_BYTES = 32 * 1024
+#: In plain C (the 'generic' target) a short k keeps the small path: its unrolled sum
+#: leaves loops along C's rows that the compiler vectorizes itself, where the spine's
+#: scalar micro-kernel does not get vectorized. Emitted C = A*B + C, ``cc -O2``, the
+#: spine's speed over the small path's, 1000 x 1000 x k: f32 k = 8 0.34x, 16 0.46x, 32
+#: 1.92x, 128 2.21x; f64 0.45x, 0.59x, 1.23x, 1.34x; 600^3 2.46x, 2.04x
+#: (``benchmarks/emitted_gemm.py``, Xeon of CPU model 167).
+PLAIN_C_MIN_K = 32
 
 
 def to_spine(stmt: GemmStatement, shapes: Mapping[str, tuple[int, int]], dtype: str,
-             machine: Machine) -> bool:
+             machine: Machine, vectors: bool = True) -> bool:
     """Whether the spine's GEMM, not the small path, should compute ``stmt`` (arrays of
-    ``shapes`` by name)."""
+    ``shapes`` by name); ``vectors``: whether the target has SIMD instructions."""
     m, n, k = stmt.extents(shapes)
     passes = ((stmt.addends and stmt.beta is None, k), (len(stmt.a) > 1, n),
               (len(stmt.b) > 1, m))
     if any(needed and extent < PASS_MIN_EXTENT for needed, extent in passes):
+        return False
+    if not vectors and k < PLAIN_C_MIN_K:
         return False
     l1 = machine.cache(1)
     l1_bytes = l1.size if l1 is not None else DEFAULT_L1_BYTES
@@ -58,11 +67,12 @@ def to_spine(stmt: GemmStatement, shapes: Mapping[str, tuple[int, int]], dtype: 
     return elements * itemsize(dtype) > SPINE_L1_MULTIPLE * l1_bytes
 
 
-def program_to_spine(gemms: GemmProgram, program: TypedProgram, machine: Machine) -> bool:
+def program_to_spine(gemms: GemmProgram, program: TypedProgram, machine: Machine,
+                     vectors: bool = True) -> bool:
     """Whether the spine computes the whole program: where the steps it should compute
     (``to_spine``) hold at least half of the program's multiplies. The others then run
     on the spine as well, small GEMMs at about the small path's speed (see above)."""
     shapes = gemms.shapes(program)
-    work = [(math.prod(s.extents(shapes)), to_spine(s, shapes, program.dtype, machine))
-            for s in gemms.steps]
+    work = [(math.prod(s.extents(shapes)),
+             to_spine(s, shapes, program.dtype, machine, vectors)) for s in gemms.steps]
     return 2 * sum(w for w, spine in work if spine) >= sum(w for w, _ in work) > 0

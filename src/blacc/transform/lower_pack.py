@@ -1,7 +1,7 @@
 """Lower ``PackSlivers`` to a packing function of plain loops.
 
     pack_slivers(Ap <- A[off : rs, cs], rows, cols, width=6)
-      ->  pack_f32_w6(&Ap[0], &A[off], rs, cs, rows, cols)
+      ->  blacc_pack_f32_w6(&Ap[0], &A[off], rs, cs, rows, cols)
 
 The function copies whole slivers with the ``width`` copies of the inner loop
 unrolled, zero-fills the last partial sliver, and is specialized for the two
@@ -62,4 +62,4 @@ def _pack_function(dtype: str, width: int) -> k.Function:
     body = (k.If(k.Bin("==", rs, one), simplify(substitute((slivers,), {"rs": one})),
                  (k.If(k.Bin("==", cs, one), simplify(substitute((slivers,), {"cs": one})),
                        (slivers,)),)),)
-    return k.Function(f"pack_{dtype}_w{width}", params, body)
+    return k.Function(f"blacc_pack_{dtype}_w{width}", params, body)
