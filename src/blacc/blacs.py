@@ -430,10 +430,12 @@ def emit(program: object, output: str | Path, *, name: str | None = None,
     _check_request(fname, search)
     spine = spine_source(program, fname, Target(host_target().machine, _isa(target)),
                          operands)
-    if spine is not None:
+    if spine is not None:  # declared with the operands' names (defined with p0, p1...)
+        from .runtime.gemm_program import c_params
+
+        params = c_params(spine.specs, [s.name for s in spine.specs])
         return _write(out, _header(fname, spine.typed, spine.specs, spine.isa,
-                                   f"int {fname}({_named_params(spine.specs)})", True),
-                      spine.source)
+                                   f"int {fname}({params})", True), spine.source)
     return write_standalone(plan(program, name=fname, target=target, search=search,
                                  **operands), out)
 
@@ -487,15 +489,6 @@ def _header(name: str, typed: TypedProgram, specs: tuple[ArgSpec, ...], isa: Isa
             f"{returns} */\n"
             f"#ifndef {guard}\n#define {guard}\n\n#include <stdint.h>\n\n"
             f"{signature};\n\n#endif\n")
-
-
-def _named_params(specs: tuple[ArgSpec, ...]) -> str:
-    """C parameters named after the operands (the spine's definition names them
-    ``p0, p1...``, a declaration may name them otherwise)."""
-    ctype = {"f32": "float", "f64": "double"}
-    return ", ".join(
-        (f"{'const ' if s.role == 'in' else ''}{ctype[s.dtype]} *restrict {s.name}"
-         if s.kind == "array" else f"{ctype[s.dtype]} {s.name}") for s in specs)
 
 
 def _statement_text(typed: TypedProgram) -> list[str]:

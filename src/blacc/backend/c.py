@@ -345,9 +345,9 @@ def render_modules(modules: Sequence[k.Module], isa: Isa, opaque: Collection[str
     functions' names must differ. The exported functions named in ``opaque`` are
     declared static (called within the unit only), and so that calls from code added to
     the unit see neither their bodies nor their arguments' values (GCC's ``noipa``):
-    called with constant extents and strides,
-    gcc 12 otherwise compiled a copy of a spine GEMM for them, 8 x 1000 x 1000 f32 at
-    0.83x the speed of the same function called from outside."""
+    called with constant extents and strides, gcc 12 otherwise compiled a copy of a
+    spine GEMM for them, 8 x 1000 x 1000 f32 at 0.83x the speed of the same function
+    called from outside."""
     functions = [f for m in modules for f in m.functions]
     if len({f.name for f in functions}) < len(functions):
         raise ScheduleError("modules rendered into one translation unit need distinct "

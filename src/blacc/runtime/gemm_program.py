@@ -154,6 +154,15 @@ class _Entry:
         self.body += ["{", *("    " + line for line in lines), "}"]
 
 
+def c_params(specs: tuple[ArgSpec, ...], names: list[str]) -> str:
+    """The C parameter list of a program's entry: ``specs`` in order, called ``names``
+    (arrays by restrict pointer, const where only read; scalars by value)."""
+    params = [(f"{'const ' if s.role == IN else ''}{_C_TYPE[s.dtype]} *restrict {n}"
+               if s.kind == ARRAY else f"{_C_TYPE[s.dtype]} {n}")
+              for s, n in zip(specs, names, strict=True)]
+    return ", ".join(params) or "void"
+
+
 def gemm_program_source(program: GemmProgram, specs: tuple[ArgSpec, ...], name: str,
                         target: Target) -> str:
     """C source defining ``int name(...)``: ``program``'s steps computed by the spine's
@@ -164,13 +173,6 @@ def gemm_program_source(program: GemmProgram, specs: tuple[ArgSpec, ...], name: 
     for stmt in program.steps:
         entry.step(stmt)
     ctype = entry.ctype
-    signature = []
-    for i, s in enumerate(specs):
-        if s.kind == ARRAY:
-            const = "const " if s.role == IN else ""
-            signature.append(f"{const}{ctype} *restrict p{i}")
-        else:
-            signature.append(f"{ctype} p{i}")
     # every scratch pointer is NULL or allocated when a step fails (free(NULL) is no-op)
     head = ["int status = 1;", *(f"{ctype} *{p} = NULL;" for p, _ in entry.scratch)]
     for pointer, elements in entry.scratch:
@@ -185,5 +187,5 @@ def gemm_program_source(program: GemmProgram, specs: tuple[ArgSpec, ...], name: 
     entries = [m.entry for m in entry.gemms.values()]
     return (c_backend.render_modules((unit,), target.isa, opaque=entries)
             + f"\n/* the program's signature: {len(program.steps)} GEMM step(s) */\n"
-            + f"int {name}({', '.join(signature) or 'void'}) {{\n"
+            + f"int {name}({c_params(specs, [f'p{i}' for i in range(len(specs))])}) {{\n"
             + "".join(f"    {line}\n" for line in [*head, *entry.body, *tail]) + "}\n")
