@@ -4,6 +4,7 @@
     python tests/fuzz.py compiled --minutes 30 --size 40  # compiled, arrays on guard pages
     python tests/fuzz.py candidates --minutes 30         # every candidate rendered as C
     python tests/fuzz.py emitted --minutes 30 --size 40  # blacc.emit, strict cc, ctypes
+    python tests/fuzz.py spine --minutes 30              # programs of GEMMs emitted so
 
 The programs are ``test_blac_property``'s (sums, differences, negation, scalings,
 products of every kind, transposes; one or two statements, updates in place; operands
@@ -19,7 +20,9 @@ search compiles) and renders each as C: an operation the ISA lacks raises. ``emi
 writes it with ``blacc.emit`` for the generic target, AVX2 or AVX-512 (those the CPU
 has), compiles the file alone with ``cc -std=c99 -O2 -Wall -Wextra -Werror`` (and
 ``-pedantic`` for generic C; a warning fails) and calls it through ctypes, in a child
-process, on buffers fenced by sentinels that must survive. Each program
+process, on buffers fenced by sentinels that must survive. ``spine`` does the same with
+``test_blac_gemm_route``'s random programs of GEMMs (chains, sums as factors, two
+statements), the route to the spine forced at their small sizes. Each program
 is checked against the float64 reference; failures are appended to ``--log`` as JSON lines (source,
 declarations, target, seed, traceback) and the run goes on. The exit status is 1 when
 any failed.
@@ -35,6 +38,7 @@ import tempfile
 import time
 import traceback
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 from hypothesis import HealthCheck, Phase, Verbosity, given, settings
@@ -47,10 +51,13 @@ import test_blac_property as programs  # noqa: E402
 from blacc.backend import c as c_backend  # noqa: E402
 from blacc.blacs import _typed, plan  # noqa: E402
 from blacc.errors import ScheduleError  # noqa: E402
+from blacc.strategy import route  # noqa: E402
 from blacc.target.isa import AVX2, AVX512  # noqa: E402
 from blacc.transform.blac import build_module, candidates  # noqa: E402
+from blacc.transform.index_notation import arg_specs  # noqa: E402
 from guard import guarded_array, run_in_child  # noqa: E402
 from test_blac_emit import HAS_AVX2, HAS_AVX512, run_emitted  # noqa: E402
+from test_blac_gemm_route import _gemm_chains  # noqa: E402
 from test_blac_programs import NP, assert_matches, make_values  # noqa: E402
 
 
@@ -106,14 +113,20 @@ def check_candidates(source: str, decls: dict) -> None:
                 c_backend.render(module, isa)
 
 
-def check_emitted(source: str, decls: dict, dtype: str, seed: int, target: str) -> None:
+def check_emitted(source: str, decls: dict, dtype: str, seed: int, target: str,
+                  spine: bool = False) -> None:
     with tempfile.TemporaryDirectory(prefix="blacc-fuzz-") as tmp:
         c_path, _ = blacc.emit(source, Path(tmp) / "kern", target=target, **decls)
-        p = plan(source, name="kern", target=target, **decls)
+        if spine:  # what the kernel computes, whoever planned it
+            typed = _typed(source, decls)
+            assert "blacc_gemm_" in c_path.read_text(), "not on the spine"
+            p = SimpleNamespace(specs=arg_specs(typed), typed=typed)
+        else:
+            p = plan(source, name="kern", target=target, **decls)
 
         def body() -> None:
             run_emitted(c_path, p, decls, dtype, target, "kern", misalign=seed % 2 == 1,
-                        seed=seed, context=repr(source))
+                        seed=seed, context=repr(source), status=spine)
 
         outcome = run_in_child(body, timeout=120)
         if outcome.signal is not None or outcome.timed_out or outcome.exitcode != 0:
@@ -122,13 +135,18 @@ def check_emitted(source: str, decls: dict, dtype: str, seed: int, target: str) 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("mode", choices=("interp", "compiled", "candidates", "emitted"))
+    parser.add_argument("mode", choices=("interp", "compiled", "candidates", "emitted", "spine"))
     parser.add_argument("--minutes", type=float, default=10.0)
     parser.add_argument("--size", type=int, default=programs.MAX_SIZE,
                         help="largest extent of an operand (default %(default)s)")
     parser.add_argument("--log", default="fuzz-failures.jsonl")
     args = parser.parse_args(argv)
     programs.sizes = st.integers(1, args.size)  # read by the generator as it draws
+    if args.mode == "spine":  # every program of GEMMs to the spine, however small
+        route.SPINE_L1_MULTIPLE, route.PASS_MIN_EXTENT, route.PLAIN_C_MIN_K = 0.0, 0, 0
+        drawn = _gemm_chains().map(lambda p: (*p, next(iter(p[1].values())).dtype))
+    else:
+        drawn = programs.programs()
     deadline = time.monotonic() + 60 * args.minutes
     count, failed = 0, 0
 
@@ -136,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     # only: nothing to shrink, and quiet about the "falsifying" example it stops in)
     @settings(max_examples=10**9, deadline=None, database=None, phases=[Phase.generate],
               verbosity=Verbosity.quiet, suppress_health_check=list(HealthCheck))
-    @given(programs.programs(), st.integers(0, 2**32 - 1),
+    @given(drawn, st.integers(0, 2**32 - 1),
            st.sampled_from(["avx512", "avx2", "generic"]), st.sampled_from(["after", "before"]))
     def run(program, seed: int, target: str, side: str) -> None:
         nonlocal count, failed
@@ -147,8 +165,9 @@ def main(argv: list[str] | None = None) -> int:
         try:
             if args.mode == "interp":
                 check_interpreted(source, decls, dtype, seed, target)
-            elif args.mode == "emitted":
-                check_emitted(source, decls, dtype, seed, _runnable(target))
+            elif args.mode in ("emitted", "spine"):
+                check_emitted(source, decls, dtype, seed, _runnable(target),
+                              spine=args.mode == "spine")
             elif args.mode == "compiled":
                 check_compiled(source, decls, dtype, seed, side)
             else:
@@ -160,6 +179,7 @@ def main(argv: list[str] | None = None) -> int:
                     "mode": args.mode, "source": source,
                     "decls": {n: repr(d) for n, d in decls.items()},
                     "target": {"interp": target, "emitted": _runnable(target),
+                               "spine": _runnable(target),
                                "compiled": "host"}.get(args.mode, "all"),
                     "side": side,
                     "seed": seed, "error": traceback.format_exc()[-4000:]}) + "\n")
