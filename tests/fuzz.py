@@ -38,7 +38,6 @@ import tempfile
 import time
 import traceback
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 from hypothesis import HealthCheck, Phase, Verbosity, given, settings
@@ -54,11 +53,10 @@ from blacc.errors import ScheduleError  # noqa: E402
 from blacc.strategy import route  # noqa: E402
 from blacc.target.isa import AVX2, AVX512  # noqa: E402
 from blacc.transform.blac import build_module, candidates  # noqa: E402
-from blacc.transform.index_notation import arg_specs  # noqa: E402
 from guard import guarded_array, run_in_child  # noqa: E402
 from test_blac_emit import HAS_AVX2, HAS_AVX512, run_emitted  # noqa: E402
 from test_blac_gemm_route import _gemm_chains  # noqa: E402
-from test_blac_programs import NP, assert_matches, make_values  # noqa: E402
+from test_blac_programs import NP, assert_matches, make_values, unplanned  # noqa: E402
 
 
 def _guarded(spec, dtype: str, value, side: str) -> np.ndarray:
@@ -118,9 +116,8 @@ def check_emitted(source: str, decls: dict, dtype: str, seed: int, target: str,
     with tempfile.TemporaryDirectory(prefix="blacc-fuzz-") as tmp:
         c_path, _ = blacc.emit(source, Path(tmp) / "kern", target=target, **decls)
         if spine:  # what the kernel computes, whoever planned it
-            typed = _typed(source, decls)
             assert "blacc_gemm_" in c_path.read_text(), "not on the spine"
-            p = SimpleNamespace(specs=arg_specs(typed), typed=typed)
+            p = unplanned(source, decls)
         else:
             p = plan(source, name="kern", target=target, **decls)
 

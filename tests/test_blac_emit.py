@@ -17,21 +17,20 @@ import ctypes
 import re
 import shutil
 import subprocess
-import types
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 import blacc
-from blacc.blacs import _typed, host_isas, plan
+from blacc.blacs import host_isas, plan
 from blacc.ir import kernel as kir
 from blacc.ir import printer
 from blacc.ir.walk import nodes_of
 from blacc.target.isa import ISAS
 from blacc.target.machine import detect_machine
 from blacc.transform.blac import build_module, candidates
-from blacc.transform.index_notation import arg_specs, forms
+from blacc.transform.index_notation import forms
 from test_blac_programs import (
     SENTINEL,
     assert_matches,
@@ -39,6 +38,7 @@ from test_blac_programs import (
     interp_buffers,
     make_values,
     read_buffer,
+    unplanned,
 )
 
 M, V, S = blacc.Matrix, blacc.Vector, blacc.Scalar
@@ -289,8 +289,7 @@ def test_large_gemm_programs_are_emitted_as_the_spine(tmp_path, case, source, dt
     assert "blacc_gemm_" in text and "aligned_alloc" not in text  # C11
     assert "Returns 0, or 1 where a scratch allocation failed." in header
     assert ("_mm" in text) == (target != "generic")
-    typed = _typed(source, decls)
-    p = types.SimpleNamespace(specs=arg_specs(typed), typed=typed)
+    p = unplanned(source, decls)
     ctype = "float" if dtype == "f32" else "double"
     params = [f"{'const ' if s.role == 'in' else ''}{ctype} *restrict {s.name}"
               if s.kind == "array" else f"{ctype} {s.name}" for s in p.specs]

@@ -17,8 +17,14 @@ from blacc.blacs import _typed
 from blacc.errors import BlaccError
 from blacc.strategy import route
 from blacc.transform.as_gemm import Factor, gemm_program
-from blacc.transform.index_notation import arg_specs
-from test_blac_programs import SENTINEL, assert_matches, call_args, make_values, seed_of
+from test_blac_programs import (
+    SENTINEL,
+    assert_matches,
+    call_args,
+    make_values,
+    seed_of,
+    unplanned,
+)
 
 M, V, S = blacc.Matrix, blacc.Vector, blacc.Scalar
 
@@ -139,8 +145,7 @@ def _spine_kernel(source: str, decls: dict, monkeypatch) -> tuple:
     monkeypatch.setattr(route, "PASS_MIN_EXTENT", 0)
     kernel = blacc.compile(source, **decls)
     assert "blacc_gemm_" in kernel.source, "not computed by the spine"
-    typed = _typed(source, decls)
-    return kernel, types.SimpleNamespace(specs=arg_specs(typed), typed=typed)
+    return kernel, unplanned(source, decls)
 
 
 @pytest.mark.parametrize(("source", "decls"), [

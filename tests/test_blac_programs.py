@@ -19,18 +19,20 @@ from __future__ import annotations
 
 import itertools
 import zlib
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
 import blacc
-from blacc.blacs import plan
+from blacc.blacs import _typed, plan
 from blacc.errors import ScheduleError
 from blacc.frontend import evaluate
 from blacc.frontend.typed import TAdd, TMul, TNeg, TNum, TRef, TSub, TTranspose, walk
 from blacc.ir import interp
 from blacc.target.isa import AVX2, GENERIC
 from blacc.transform.blac import build_module, candidates
+from blacc.transform.index_notation import arg_specs
 
 M, V, S = blacc.Matrix, blacc.Vector, blacc.Scalar
 NP = {"f32": np.float32, "f64": np.float64}
@@ -469,6 +471,14 @@ def layout_array(s, dtype: str, value=None) -> np.ndarray:
     if (s.rows == 1) != (s.cols == 1):
         a = a.reshape(-1)
     return a
+
+
+def unplanned(source: str, decls: dict) -> SimpleNamespace:
+    """What ``call_args``, ``run_emitted`` and ``assert_matches`` read of a plan (its
+    ``typed`` program and argument ``specs``), type-checked only: for kernels the spine
+    computes, which the small path's planner never sees."""
+    typed = _typed(source, decls)
+    return SimpleNamespace(typed=typed, specs=arg_specs(typed))
 
 
 def call_args(p, values: dict, *, pass_outputs: bool) -> tuple[dict, dict]:

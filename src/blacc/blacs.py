@@ -333,10 +333,11 @@ def compile(program: object, *, search: str = "model", name: str = "blac_kernel"
     (``strategy.route``)."""
     from .runtime.pycall import FixedKernel
 
-    _runnable(_isa(target), "compile")
+    isa = _runnable(_isa(target), "compile")
     _check_request(name, search)
-    if (spine := _spine_kernel(program, name, _isa(target), operands)) is not None:
-        return spine
+    if (spine := spine_source(program, name, isa, operands)) is not None:
+        return FixedKernel.build(spine.source, name, spine.specs, flags=spine.isa.flags,
+                                 status=True)
     chosen = plan(program, name=name, target=target, search=search, **operands)
     return FixedKernel.build(chosen.source, name, chosen.specs,
                              flags=_build_isa(target, chosen.isa).flags,
@@ -355,33 +356,22 @@ class SpineSource:
     isa: Isa
 
 
-def spine_source(program: object, name: str, target: Target,
+def spine_source(program: object, name: str, isa: Isa,
                  operands: Mapping[str, Decl]) -> SpineSource | None:
-    """``program`` computed by the spine's GEMM for ``target`` where it is GEMMs on
-    operands large enough (``transform.as_gemm``, ``strategy.route``), else None: the
-    small path computes it."""
+    """``program`` computed by the spine's GEMM in ``isa``'s instructions, blocked for
+    this machine's caches, where it is GEMMs on operands large enough
+    (``transform.as_gemm``, ``strategy.route``), else None: the small path computes
+    it."""
     from .runtime.gemm_program import gemm_program_source
 
     typed = _typed(program, operands)
     gemms = gemm_program(typed)
+    target = Target(host_target().machine, isa)
     if gemms is None or not program_to_spine(gemms, typed, target.machine,
-                                             vectors=target.isa is not GENERIC):
+                                             vectors=isa is not GENERIC):
         return None
     specs = arg_specs(typed)
-    return SpineSource(typed, specs, gemm_program_source(gemms, specs, name, target),
-                       target.isa)
-
-
-def _spine_kernel(program: object, name: str, isa: Isa, operands: Mapping[str, Decl]):
-    """A kernel computed by the spine (``spine_source``) on ``isa``, blocked for this
-    machine's caches, or None for the small path."""
-    from .runtime.pycall import FixedKernel
-
-    spine = spine_source(program, name, Target(host_target().machine, isa), operands)
-    if spine is None:
-        return None
-    return FixedKernel.build(spine.source, name, spine.specs, flags=spine.isa.flags,
-                             status=True)
+    return SpineSource(typed, specs, gemm_program_source(gemms, specs, name, target), isa)
 
 
 def _build_isa(target: str | Isa | None, isa: Isa) -> Isa:
@@ -428,8 +418,7 @@ def emit(program: object, output: str | Path, *, name: str | None = None,
     out = Path(output)
     fname = name or re.sub(r"\W", "_", out.stem)
     _check_request(fname, search)
-    spine = spine_source(program, fname, Target(host_target().machine, _isa(target)),
-                         operands)
+    spine = spine_source(program, fname, _isa(target), operands)
     if spine is not None:  # declared with the operands' names (defined with p0, p1...)
         from .runtime.gemm_program import c_params
 
