@@ -22,7 +22,8 @@ has), compiles the file alone with ``cc -std=c99 -O2 -Wall -Wextra -Werror`` (an
 ``-pedantic`` for generic C; a warning fails) and calls it through ctypes, in a child
 process, on buffers fenced by sentinels that must survive. ``spine`` does the same with
 ``test_blac_gemm_route``'s random programs of GEMMs (chains, sums as factors, two
-statements), the route to the spine forced at their small sizes. Each program
+statements, maybe statements that are not GEMMs after them, run by the small path's
+kernels), the route to the spine forced at their small sizes. Each program
 is checked against the float64 reference; failures are appended to ``--log`` as JSON lines (source,
 declarations, target, seed, traceback) and the run goes on. The exit status is 1 when
 any failed.
@@ -141,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     programs.sizes = st.integers(1, args.size)  # read by the generator as it draws
     if args.mode == "spine":  # every program of GEMMs to the spine, however small
         route.SPINE_L1_MULTIPLE, route.PASS_MIN_EXTENT, route.PLAIN_C_MIN_K = 0.0, 0, 0
-        drawn = _gemm_chains().map(lambda p: (*p, next(iter(p[1].values())).dtype))
+        drawn = _gemm_chains(others=True).map(lambda p: (*p, next(iter(p[1].values())).dtype))
     else:
         drawn = programs.programs()
     deadline = time.monotonic() + 60 * args.minutes

@@ -75,10 +75,10 @@ def build(c_path: Path, target: str) -> ctypes.CDLL:
     return ctypes.CDLL(str(lib))
 
 
-def call(fn, specs, dtype: str, values: dict, *, misalign: bool, status: bool = False
-         ) -> dict:
+def call(fn, specs, dtype: str, values: dict, *, misalign: bool, status: bool = False,
+         expect: int = 0) -> dict:
     """Call the emitted function on sentinel-padded buffers; return the buffers by name.
-    A function with a ``status`` must return 0."""
+    A function with a ``status`` must return ``expect``."""
     bufs = interp_buffers(specs, values, dtype)
     ctype = ctypes.c_float if dtype == "f32" else ctypes.c_double
     args, argtypes = [], []
@@ -96,7 +96,7 @@ def call(fn, specs, dtype: str, values: dict, *, misalign: bool, status: bool = 
             argtypes.append(ctype)
     fn.argtypes, fn.restype = argtypes, ctypes.c_int if status else None
     returned = fn(*args)
-    assert not status or returned == 0, f"returned {returned}"
+    assert not status or returned == expect, f"returned {returned}, not {expect}"
     return bufs
 
 
@@ -272,6 +272,10 @@ SPINE_CASES = [
     ("chain-f32", "E = A*B*F", "f32",
      dict(A=M(120, 90, "f32"), B=M(90, 110, "f32", ld=117), F=M(110, 100, "f32"),
           E=M(120, 100, "f32"))),
+    # statements that are not GEMMs, by the small path's kernels, between the GEMMs
+    ("mixed-f64", "C = A*B; y = C*x + y; s = y'*y; D = s*C' + D", "f64",
+     dict(A=M(120, 90), B=M(90, 110, layout="col"), C=M(120, 110), x=V(110), y=V(120),
+          s=S(), D=M(110, 120, ld=121))),
 ]
 
 
@@ -287,15 +291,73 @@ def test_large_gemm_programs_are_emitted_as_the_spine(tmp_path, case, source, dt
     c_path, h_path = blacc.emit(source, tmp_path / "kern", target=target, **decls)
     text, header = c_path.read_text(), h_path.read_text()
     assert "blacc_gemm_" in text and "aligned_alloc" not in text  # C11
-    assert "Returns 0, or 1 where a scratch allocation failed." in header
+    assert "Returns 0, or 1 where a scratch allocation failed (then before anything\n" in header
     assert ("_mm" in text) == (target != "generic")
     p = unplanned(source, decls)
     ctype = "float" if dtype == "f32" else "double"
     params = [f"{'const ' if s.role == 'in' else ''}{ctype} *restrict {s.name}"
-              if s.kind == "array" else f"{ctype} {s.name}" for s in p.specs]
+              if s.kind == "array" or s.role != "in" else f"{ctype} {s.name}"
+              for s in p.specs]
     assert f"int kern({', '.join(params)});" in header  # the operands' own names
     run_emitted(c_path, p, decls, dtype, target, "kern", misalign=dtype == "f32",
                 seed=len(case), context=source, status=True)
+
+
+# malloc for the test below: fails once ``left`` allocations have succeeded (never
+# where ``left`` < 0), and counts those that did
+FAILING_MALLOC = """
+#include <stdlib.h>
+static int left = -1, made = 0;
+void set_left(int n) { left = n; made = 0; }
+int allocations(void) { return made; }
+void *failing_malloc(size_t size) {
+    if (left == 0) return NULL;
+    left -= left > 0;
+    made++;
+    return malloc(size);
+}
+"""
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_an_emitted_spine_kernel_that_cannot_allocate_writes_nothing(tmp_path, target):
+    """Every scratch array and packing buffer of a program is allocated before its first
+    step writes: whichever allocation fails, the kernel returns 1 with its outputs as they
+    were (here T, which the first step computes and the second reads, and D)."""
+    source, dtype = "T = A*B; D = T*(F + G) + D", "f64"
+    decls = dict(A=M(120, 90), B=M(90, 110, ld=117), T=M(120, 110), F=M(110, 100),
+                 G=M(110, 100), D=M(120, 100, layout="col", ld=121))
+    c_path = blacc.emit(source, tmp_path / "kern", target=target, **decls)[0]
+    assert "blacc_gemm_" in c_path.read_text()
+    objects = []
+    for path, defines in [(c_path, ["-Dmalloc=failing_malloc"]), (tmp_path / "m.c", [])]:
+        if not defines:
+            path.write_text(FAILING_MALLOC)
+        cmd = [CC, *flags_for(target), *defines, "-fPIC", "-c", str(path), "-o",
+               str(path.with_suffix(".o"))]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        assert proc.returncode == 0 and not proc.stderr, proc.stderr
+        objects.append(str(path.with_suffix(".o")))
+    lib_path = tmp_path / "kern.so"
+    subprocess.run([CC, "-shared", *objects, "-o", str(lib_path)], check=True)
+    lib = ctypes.CDLL(str(lib_path))
+    p = unplanned(source, decls)
+    values = make_values(decls, dtype, np.random.default_rng(7))
+    lib.set_left(-1)
+    call(lib.kern, p.specs, dtype, values, misalign=False, status=True)
+    count = lib.allocations()
+    assert count == 3  # F + G, and the two packing buffers both steps share
+    before = interp_buffers(p.specs, values, dtype)
+    for left in range(count):
+        lib.set_left(left)
+        after = call(lib.kern, p.specs, dtype, values, misalign=False, status=True,
+                     expect=1)
+        for s in p.specs:
+            if s.kind == "array":
+                np.testing.assert_array_equal(after[s.name], before[s.name],
+                                              err_msg=f"{s.name}, allocation {left} failed")
+    lib.set_left(-1)
+    run_emitted(c_path, p, decls, dtype, target, "kern", context=source, status=True)
 
 
 def test_two_emitted_spine_kernels_link_together(tmp_path):

@@ -16,7 +16,7 @@ import blacc
 from blacc.blacs import _typed
 from blacc.errors import BlaccError
 from blacc.strategy import route
-from blacc.transform.as_gemm import Factor, gemm_program
+from blacc.transform.as_gemm import Factor, Others, gemm_program
 from test_blac_programs import (
     SENTINEL,
     assert_matches,
@@ -138,6 +138,20 @@ def test_matrix_vector_products_are_not_gemms():
     decls = dict(A=M(9, 8), x=V(8), y=V(9), X=M(8, 1))
     assert gemm_program(_typed("y = A*x + y", decls)) is None
     assert gemm_program(_typed("y = A*X", decls)) is None
+
+
+def test_statements_that_are_not_gemms_are_left_between_the_gemms():
+    """With ``others``, a statement that is not GEMMs is a step of the small path's,
+    consecutive ones one step; a program with no GEMM at all is still None."""
+    decls = dict(A=M(8, 8), B=M(8, 8), C=M(8, 8), D=M(8, 8), x=V(8), y=V(8), s=S())
+    source = "C = A*B\ny = C*x + y\ns = x'*y\nD = s*C*B + D\nC = C + D'"
+    typed = _typed(source, decls)
+    assert gemm_program(typed) is None
+    gemms = gemm_program(typed, others=True)
+    assert [s if isinstance(s, Others) else s.out for s in gemms.steps] == [
+        "C", Others((1, 2)), "D", Others((4,))]
+    assert [s.out for s in gemms.gemms] == ["C", "D"]
+    assert gemm_program(_typed("y = A*x + y\ns = x'*y", decls), others=True) is None
 
 
 def _spine_kernel(source: str, decls: dict, monkeypatch) -> tuple:
@@ -400,6 +414,27 @@ def test_programs_of_several_gemms_on_the_spine(source, decls, monkeypatch):
     _check_spine_program(source, decls, monkeypatch)
 
 
+@pytest.mark.parametrize(("source", "decls"), [
+    # a product with a vector after a GEMM, which reads its output
+    ("C = A*B\ny = C*x + y", dict(A=M(9, 7, "f64"), B=M(7, 11, "f64", layout="col"),
+                                  C=M(9, 11, "f64", ld=12), x=V(11, "f64"), y=V(9, "f64"))),
+    # a scalar the small path computes first, a factor of the GEMM after it
+    ("s = x'*x\nC = s*A*B' + C", dict(x=V(5, "f32"), s=S("f32"), A=M(6, 4, "f32"),
+                                      B=M(8, 4, "f32"), C=M(6, 8, "f32", layout="col"))),
+    # a statement without a product between two GEMMs, updating the first one's output
+    ("D = A*B\nD = D - 2*E'\nF = alpha*D*G", dict(
+        A=M(5, 9, "f64"), B=M(9, 6, "f64"), D=M(5, 6, "f64"), E=M(6, 5, "f64"),
+        G=M(6, 3, "f64", ld=5), F=M(5, 3, "f64"), alpha=S("f64"))),
+    # several statements of the small path's, a chain among GEMMs, and a scalar output
+    ("y = A*x\nz = A'*y\nE = A*B*C\nt = z'*z\nH = t*E' + H", dict(
+        A=M(6, 7, "f32"), x=V(7, "f32"), y=V(6, "f32"), z=V(7, "f32"), B=M(7, 3, "f32"),
+        C=M(3, 9, "f32"), E=M(6, 9, "f32"), t=S("f32"), H=M(9, 6, "f32"))),
+])
+def test_programs_with_other_statements_between_gemms_on_the_spine(source, decls,
+                                                                  monkeypatch):
+    _check_spine_program(source, decls, monkeypatch)
+
+
 def test_outputs_the_kernel_allocates_are_computed_before_they_are_read(monkeypatch):
     decls = dict(A=M(6, 4, "f64"), B=M(4, 10, "f64"), C=M(6, 10, "f64"), E=M(6, 2, "f64"),
                  D=M(10, 2, "f64"))
@@ -407,14 +442,31 @@ def test_outputs_the_kernel_allocates_are_computed_before_they_are_read(monkeypa
 
 
 @st.composite
-def _gemm_chains(draw):
+def _gemm_chains(draw, others: bool = False):
     """A random program of GEMMs: one or two statements, each with one or two products
     of two to four factors (transposed or not, some sums of two), maybe the output
     added; the second statement may read the first's output. Sizes start at 2: a side
-    of 1 makes a product with a vector, no GEMM here."""
+    of 1 makes a product with a vector, no GEMM here. ``others``: after a GEMM statement
+    there may be one that is not, reading its output: a product with a vector, an update
+    in place, or a scalar (which the next GEMM statement may take as a factor)."""
     dt = draw(st.sampled_from(("f32", "f64")))
     decls: dict = {"alpha": S(dt)}
     size = st.integers(2, 13)
+    scales = ["", "alpha*", "-2*"]
+
+    def other(s: int, rows: int, cols: int) -> str:
+        out = f"Y{s}"
+        kind = draw(st.sampled_from(("matvec", "update", "scalar")))
+        if kind == "update":
+            decls[f"W{s}"] = matrix(cols, rows)
+            return f"{out} = {out} - alpha*W{s}'"
+        decls[f"x{s}"] = V(cols, dt)
+        if kind == "matvec":
+            decls[f"v{s}"] = V(rows, dt)
+            return f"v{s} = {out}*x{s} + v{s}"
+        decls[f"u{s}"], decls[f"t{s}"] = V(rows, dt), S(dt)
+        scales.append(f"t{s}*")
+        return f"t{s} = u{s}'*{out}*x{s}"
 
     def matrix(rows: int, cols: int):
         layout = draw(st.sampled_from(("row", "col")))
@@ -444,7 +496,7 @@ def _gemm_chains(draw):
         fs = [factor(inner[i], inner[i + 1]) for i in range(len(inner) - 1)]
         if lead is not None:
             fs.insert(0, lead[0])
-        scale = draw(st.sampled_from(("", "alpha*", "-2*")))
+        scale = draw(st.sampled_from(scales))
         return scale + "*".join(fs)
 
     statements, first = [], None
@@ -461,6 +513,8 @@ def _gemm_chains(draw):
             terms.append(f"0.5*{out}")
         decls[out] = matrix(rows, cols)
         statements.append(f"{out} = " + " + ".join(terms))
+        if others and draw(st.booleans()):
+            statements.append(other(s, rows, cols))
         first = first or (rows, cols)
     source = "\n".join(statements)
     if "alpha" not in source:
@@ -474,4 +528,14 @@ def _gemm_chains(draw):
 def test_random_programs_of_gemms_on_the_spine_match_the_reference(program, monkeypatch):
     source, decls = program
     assert gemm_program(_typed(source, decls)) is not None, source
+    _check_spine_program(source, decls, monkeypatch)
+
+
+@settings(max_examples=10, derandomize=True, database=None, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(program=_gemm_chains(others=True))
+def test_random_programs_with_other_statements_on_the_spine_match_the_reference(
+        program, monkeypatch):
+    source, decls = program
+    assert gemm_program(_typed(source, decls), others=True) is not None, source
     _check_spine_program(source, decls, monkeypatch)

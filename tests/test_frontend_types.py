@@ -419,3 +419,18 @@ def test_evaluate_errors():
     with pytest.raises(ArgumentError, match="evaluate takes a TypedProgram"):
         evaluate(parse("y = x"), {})  # type: ignore[arg-type]
     assert isinstance(t, TypedProgram)
+
+
+def test_a_part_of_a_program_is_checked_on_its_own():
+    """``part``: some statements, with the inputs, outputs and declarations they use (a
+    name the part reads before it writes it is an input, whatever came before)."""
+    from blacc.frontend.typecheck import part
+
+    decls = {"A": Matrix(3, 4), "B": Matrix(4, 5), "C": Matrix(3, 5), "x": Vector(5),
+             "y": Vector(3), "z": Vector(3), "s": Scalar()}
+    typed = check(parse("C = A*B\ny = C*x + y\ns = z'*y"), decls)
+    rest = part(typed, (1, 2))
+    assert [str(s.target) for s in rest.statements] == ["y", "s"]
+    assert rest.statements == typed.statements[1:]
+    assert rest.inputs == ("C", "x", "y", "z") and rest.outputs == ("y", "s")
+    assert list(rest.decls) == ["C", "x", "y", "z", "s"]

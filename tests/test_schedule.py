@@ -394,3 +394,29 @@ def test_micro_kernel_prefetches_every_line_of_its_c_tile(dtype, nr, cols, offse
     assert fetched <= valid
     line = lambda e: (offset + e) * size // 64  # noqa: E731 - the tile starts mid-line
     assert {line(e) for e in fetched} == {line(e) for e in valid}
+
+
+@pytest.mark.parametrize("m, n, depth", [(1, 1, 1), (5, 7, 3), (13, 40, 9), (30, 70, 20)])
+def test_packing_buffers_hold_a_block_or_the_whole_operand(m, n, depth):
+    """A packed panel's buffer is as large as its block, or as the whole operand (in
+    slivers) where that is smaller; the interpreter, which bounds-checks every access,
+    computes the product in them."""
+    import numpy as np
+
+    from blacc.ir.interp import run, value_of
+
+    module = apply(matmul("f64"), blis(mc=12, kc=8, nc=32, mr=4, nr=4, ku=2), name="gemm",
+                   known_strides=CS1)
+    extents = {"m": m, "n": n, "k": depth}
+    sizes = {a.buf: value_of(a.size, extents)
+             for a in nodes_of(module.function("gemm").body, k.Alloc)}
+    slivers = lambda x: -(-x // 4) * 4  # noqa: E731
+    assert sizes == {"Bp": min(32, slivers(n)) * min(8, depth),
+                     "Ap": min(12, slivers(m)) * min(8, depth)}
+    rng = np.random.default_rng(m * n * depth)
+    a, b = rng.standard_normal((m, depth)), rng.standard_normal((depth, n))
+    c = np.zeros((m, n))
+    run(module, {**extents, "alpha": 1.0, "A": a.reshape(-1), "A_s0": depth, "A_s1": 1,
+                 "B": b.reshape(-1), "B_s0": n, "B_s1": 1, "beta": 0.0, "C": c.reshape(-1),
+                 "C_s0": n, "C_s1": 1})
+    np.testing.assert_allclose(c, a @ b, rtol=1e-12, atol=1e-12)

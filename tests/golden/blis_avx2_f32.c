@@ -874,9 +874,9 @@ BLACC_ENTRY int kernel(int64_t m, int64_t n, int64_t k, float alpha, const float
     (void)C_s1;
     float *restrict Bp = NULL;
     float *restrict Ap = NULL;
-    Bp = (float *)blacc_alloc(64, (size_t)(256) * sizeof(float));
+    Bp = (float *)blacc_alloc(64, (size_t)(((32 < (((n + 15) / 16) * 16) ? 32 : (((n + 15) / 16) * 16)) * (8 < k ? 8 : k))) * sizeof(float));
     if (!Bp) goto out_of_memory;
-    Ap = (float *)blacc_alloc(64, (size_t)(96) * sizeof(float));
+    Ap = (float *)blacc_alloc(64, (size_t)(((12 < (((m + 5) / 6) * 6) ? 12 : (((m + 5) / 6) * 6)) * (8 < k ? 8 : k))) * sizeof(float));
     if (!Ap) goto out_of_memory;
     int64_t j0_count = ((n + 31) / 32);
     int64_t j0_step = ((((((n + (j0_count - 1)) / (j0_count > 1 ? j0_count : 1)) + 15) / 16) * 16) < 32 ? (((((n + (j0_count - 1)) / (j0_count > 1 ? j0_count : 1)) + 15) / 16) * 16) : 32);

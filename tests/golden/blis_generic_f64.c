@@ -450,9 +450,9 @@ BLACC_ENTRY int kernel(int64_t m, int64_t n, int64_t k, double alpha, const doub
     (void)C_s1;
     double *restrict Bp = NULL;
     double *restrict Ap = NULL;
-    Bp = (double *)blacc_alloc(64, (size_t)(256) * sizeof(double));
+    Bp = (double *)blacc_alloc(64, (size_t)(((32 < (((n + 3) / 4) * 4) ? 32 : (((n + 3) / 4) * 4)) * (8 < k ? 8 : k))) * sizeof(double));
     if (!Bp) goto out_of_memory;
-    Ap = (double *)blacc_alloc(64, (size_t)(96) * sizeof(double));
+    Ap = (double *)blacc_alloc(64, (size_t)(((12 < (((m + 3) / 4) * 4) ? 12 : (((m + 3) / 4) * 4)) * (8 < k ? 8 : k))) * sizeof(double));
     if (!Ap) goto out_of_memory;
     int64_t j0_count = ((n + 31) / 32);
     int64_t j0_step = ((((((n + (j0_count - 1)) / (j0_count > 1 ? j0_count : 1)) + 3) / 4) * 4) < 32 ? (((((n + (j0_count - 1)) / (j0_count > 1 ? j0_count : 1)) + 3) / 4) * 4) : 32);

@@ -1,9 +1,10 @@
-"""Render lowered kernel IR as C11 (with the ISA's intrinsics when it has vectors).
+"""Render lowered kernel IR as C99 (with the ISA's intrinsics when it has vectors).
 
 ``render(module, isa) -> str``. Rendering is separate from compiling: see
 ``backend.compiler`` and ``runtime.cache``. Vector operations are printed with the
-ISA's templates; scalar ones with C operators. Exported functions return ``int``:
-0 on success, 1 when a scratch allocation failed.
+ISA's templates; scalar ones with C operators. Exported functions that allocate scratch
+return ``int``: 0 on success, 1 when a scratch allocation failed (``Function.status``);
+the others return nothing.
 """
 
 from __future__ import annotations
@@ -337,8 +338,8 @@ static void blacc_free(void *p) {
 }"""
 
 
-def render_modules(modules: Sequence[k.Module], isa: Isa, opaque: Collection[str] = ()
-                   ) -> str:
+def render_modules(modules: Sequence[k.Module], isa: Isa, opaque: Collection[str] = (),
+                   allocates: bool = False) -> str:
     """Several modules as one C translation unit, which includes the ISA's header and
     defines the helpers once (a measuring search compiles its candidates together:
     parsing immintrin.h is most of the time gcc takes for a small kernel). Their
@@ -347,7 +348,8 @@ def render_modules(modules: Sequence[k.Module], isa: Isa, opaque: Collection[str
     the unit see neither their bodies nor their arguments' values (GCC's ``noipa``):
     called with constant extents and strides, gcc 12 otherwise compiled a copy of a
     spine GEMM for them, 8 x 1000 x 1000 f32 at 0.83x the speed of the same function
-    called from outside."""
+    called from outside. ``allocates``: code added to the unit allocates scratch with
+    ``blacc_alloc``/``blacc_free``, which are defined even where no function here does."""
     functions = [f for m in modules for f in m.functions]
     if len({f.name for f in functions}) < len(functions):
         raise ScheduleError("modules rendered into one translation unit need distinct "
@@ -395,7 +397,7 @@ def render_modules(modules: Sequence[k.Module], isa: Isa, opaque: Collection[str
                  "#else",
                  "#define BLACC_OPAQUE",
                  "#endif"]
-    if "blacc_alloc(" in text:
+    if allocates or "blacc_alloc(" in text:
         head.append(_ALIGNED_ALLOC)
     # Helpers in dependency order (the table lists callees first); one may call another.
     used = [name for name in isa.prelude if name in text]

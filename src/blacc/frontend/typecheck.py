@@ -52,10 +52,11 @@ from .typed import (
     TypedProgram,
     kind_of,
     texpr_children,
+    to_ast,
 )
 from .types import Decl
 
-__all__ = ["check", "TypedProgram"]
+__all__ = ["check", "part", "TypedProgram"]
 
 
 def check(program: Program, decls: Mapping[str, Decl]) -> TypedProgram:
@@ -70,6 +71,14 @@ def check(program: Program, decls: Mapping[str, Decl]) -> TypedProgram:
         raise ArgumentError(f"check takes a Program (from parse or to_program), got "
                             f"{type(program).__name__}")
     return _Checker(program, _declarations(decls)).run()
+
+
+def part(program: TypedProgram, statements: tuple[int, ...]) -> TypedProgram:
+    """The program of some of ``program``'s statements (indices, in order), checked again
+    on their own: its inputs, outputs and declarations are those the statements use."""
+    chosen = [program.statements[i] for i in statements]
+    ast = Program(tuple(Assign(s.target, to_ast(s.expr), s.pos, s.text) for s in chosen))
+    return check(ast, program.decls)
 
 
 def _declarations(decls: Mapping[str, Decl]) -> dict[str, Decl]:

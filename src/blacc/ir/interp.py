@@ -38,6 +38,12 @@ def _index(buf: np.ndarray, i: int, n: int) -> slice:
     return slice(i, i + n)
 
 
+def value_of(e: k.Expr, values: dict[str, Any]) -> Any:
+    """``e``'s value where its variables have ``values`` (an expression of scalars: no
+    buffers or calls), e.g. a buffer's size at known extents."""
+    return evaluate(e, _Env(k.Module((), entry=""), values))
+
+
 def evaluate(e: k.Expr, env: _Env) -> Any:
     v = env.values
     if isinstance(e, k.Const):

@@ -4,27 +4,33 @@ For each step of the program (``transform.as_gemm.GemmProgram``), the spine's GE
 its shape and layouts (``strategy.gemm.plan_for``, lowered for the C backend; steps that
 plan alike share one function), and an entry function with the program's own signature
 (the one ``runtime.pycall.wrapper_source`` calls, parameters in ``arg_specs`` order) that
-calls them in order with the fixed extents, strides and scalar factors. A statement's
+calls them in order with the fixed extents, strides and scalar factors. Statements that
+are not GEMMs (``Others``) are calls, in their place, of the small path's kernels for
+them, which the caller plans and this unit defines. A statement's
 meaning is kept: where it reads its output (``beta*C``) and beta is 0 at run time, C is
 first multiplied by 0, so that a NaN or infinity in it still reaches the result, as it
 does on the small path; the spine alone would not read C then (BLAS). Other addends
 (``D = A*B + E``) are summed into the output first, which the GEMM then adds the product
 to (beta = 1). An operand of a product that is a sum of matrices is summed into a scratch
-array, and a chain's products between steps go to scratch arrays too; all are
-``malloc``ed before anything is computed and freed at the end (the entry returns 1 where
-that fails, as the GEMM does for its packing buffers).
+array, and a chain's products between steps go to scratch arrays too. The entry allocates
+these and the GEMMs' packing buffers (``caller_scratch``; one buffer of each kind for
+all steps, as large as the largest step needs) before anything is computed and frees
+them at the end: where an allocation fails it returns 1 with no output written.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 
 from ..backend import c as c_backend
+from ..ir import kernel as k
+from ..ir.interp import value_of
 from ..ir.kernel import Function, Module
 from ..strategy.gemm import Plan, plan_for
-from ..transform.as_gemm import Addend, Factor, GemmProgram, GemmStatement
+from ..transform.as_gemm import Addend, Factor, GemmProgram, GemmStatement, Others
 from .gemm import Target, lowered_gemm
-from .signature import ARRAY, IN, ArgSpec
+from .signature import ARRAY, IN, SCALAR, ArgSpec
 
 _C_TYPE = {"f32": "float", "f64": "double"}
 
@@ -46,6 +52,17 @@ def _strides(s: ArgSpec) -> tuple[int, int]:
     return (ld, 1) if s.layout == "row" else (1, ld)
 
 
+def caller_scratch(f: Function) -> tuple[Function, tuple[k.Alloc, ...]]:
+    """``f`` with its scratch buffers given by its caller: each ``Alloc`` becomes a
+    pointer parameter (after the others, named after the buffer) and its ``Free`` goes,
+    so ``f`` cannot fail and returns nothing. The allocations are returned, to be made
+    by the caller at ``f``'s extents."""
+    allocs = tuple(s for s in f.body if isinstance(s, k.Alloc))
+    body = tuple(s for s in f.body if not isinstance(s, (k.Alloc, k.Free)))
+    params = (*f.params, *(k.Param(a.buf, a.dtype, pointer=True) for a in allocs))
+    return replace(f, params=params, body=body, status=False), allocs
+
+
 def _factor(f: Factor, params: dict[str, str], ctype: str) -> str:
     """C for a product of scalars, in the program's type."""
     literal = f.sign * f.literal
@@ -57,21 +74,29 @@ class _Entry:
 
     def __init__(self, specs: tuple[ArgSpec, ...], program: GemmProgram,
                  target: Target) -> None:
-        self.params = {s.name: f"p{i}" for i, s in enumerate(specs)}
+        self.pointers = {s.name: f"p{i}" for i, s in enumerate(specs) if s.by_pointer}
+        # what names a parameter in C: an array's pointer, a scalar's value
+        self.params = {s.name: (f"(*p{i})" if s.by_pointer else f"p{i}")
+                       if s.kind == SCALAR else f"p{i}" for i, s in enumerate(specs)}
         self.dtype = specs[0].dtype
         self.ctype = _C_TYPE[self.dtype]
         self.target = target
         self.arrays = {s.name: _Array(self.params[s.name], s.rows, s.cols, _strides(s))
                        for s in specs if s.kind == ARRAY}
-        self.scratch: list[tuple[str, int]] = []  # (pointer, elements)
+        self.scratch: dict[str, int] = {}  # pointer -> elements
         for name, (rows, cols) in program.temps:
             self.arrays[name] = _Array(self._scratch(rows * cols), rows, cols, (cols, 1))
         self.body: list[str] = []
-        self.gemms: dict[Plan, Module] = {}  # the GEMM functions of each plan
+        # the GEMM module of each plan, its entry taking its packing buffers
+        self.gemms: dict[Plan, tuple[Module, tuple[k.Alloc, ...]]] = {}
+        self.parts: list[Module] = []  # the small path's kernels of the Others steps
+        self.parts_fail = False  # whether one of them returns a status
 
-    def _scratch(self, elements: int) -> str:
-        pointer = f"s{len(self.scratch)}"
-        self.scratch.append((pointer, elements))
+    def _scratch(self, elements: int, pointer: str = "") -> str:
+        """A scratch array of at least ``elements``, new or (``pointer`` given) the
+        one of that name, grown to fit."""
+        pointer = pointer or f"s{len(self.scratch)}"
+        self.scratch[pointer] = max(elements, self.scratch.get(pointer, 0))
         return pointer
 
     def strides(self, x: Addend, flip: bool = False) -> tuple[int, int]:
@@ -117,10 +142,24 @@ class _Entry:
                         isa=self.target.isa, a_unit_cols=a_strides[1] == 1,
                         b_unit_cols=b_strides[1] == 1, b_unit_rows=b_strides[0] == 1)
         if plan not in self.gemms:
-            self.gemms[plan] = lowered_gemm(self.dtype, plan, self.target.isa, "c",
-                                            suffix=f"_{len(self.gemms)}")[2]
-        module = self.gemms[plan]
-        return module.function(module.entry)
+            module = lowered_gemm(self.dtype, plan, self.target.isa, "c",
+                                  suffix=f"_{len(self.gemms)}")[2]
+            entry, allocs = caller_scratch(module.function(module.entry))
+            functions = tuple(entry if f.name == entry.name else f for f in module.functions)
+            self.gemms[plan] = (replace(module, functions=functions), allocs)
+        module, allocs = self.gemms[plan]
+        return module.function(module.entry), allocs
+
+    def others(self, module: Module, specs: tuple[ArgSpec, ...]) -> None:
+        """The call of ``module``'s entry, the small path's kernel of an ``Others`` step,
+        whose parameters are ``specs``."""
+        entry = module.function(module.entry)
+        args = ", ".join(self.pointers[s.name] if s.by_pointer else self.params[s.name]
+                         for s in specs)
+        call = f"{entry.name}({args})"
+        self.body.append(f"if ({call}) goto done;" if entry.status else f"{call};")
+        self.parts.append(module)
+        self.parts_fail = self.parts_fail or entry.status
 
     def step(self, stmt: GemmStatement) -> None:
         """The lines computing ``stmt``, in a block of their own."""
@@ -133,8 +172,11 @@ class _Entry:
         if c_st[1] != 1:  # C by columns: compute C' = op(B)' op(A)', rows C's columns
             x, y = (y[0], y[1][::-1]), (x[0], x[1][::-1])
             m, n, c_st = n, m, c_st[::-1]
-        entry = self.gemm(m, n, k, x[1], y[1])
+        entry, allocs = self.gemm(m, n, k, x[1], y[1])
         extents = [str(m), str(n), str(k)] if entry.params[0].dtype == "i64" else []
+        # packing buffers shared by every step (one at a time), sized for this one too
+        known = {"m": m, "n": n, "k": k}  # the GEMM's extents (``ir.structured.matmul``)
+        packs = [self._scratch(value_of(a.size, known), f"pack_{a.buf}") for a in allocs]
         lines.append(f"{ctype} alpha = {_factor(stmt.alpha, self.params, ctype)};")
         full = (c.pointer, c.strides, c.rows, c.cols)
         if not stmt.addends:
@@ -149,43 +191,59 @@ class _Entry:
             lines += self.sum_into(*full, stmt.addends, "f")
             lines.append(f"{ctype} beta = 1;")
         args = [*extents, "alpha", x[0], *map(str, x[1]), y[0], *map(str, y[1]), "beta",
-                c.pointer, *map(str, c_st)]
-        lines.append(f"if ({entry.name}({', '.join(args)})) goto done;")
+                c.pointer, *map(str, c_st), *packs]
+        lines.append(f"{entry.name}({', '.join(args)});")
         self.body += ["{", *("    " + line for line in lines), "}"]
 
 
 def c_params(specs: tuple[ArgSpec, ...], names: list[str]) -> str:
     """The C parameter list of a program's entry: ``specs`` in order, called ``names``
-    (arrays by restrict pointer, const where only read; scalars by value)."""
+    (arrays by restrict pointer, const where only read; input scalars by value, the
+    others by pointer)."""
     params = [(f"{'const ' if s.role == IN else ''}{_C_TYPE[s.dtype]} *restrict {n}"
-               if s.kind == ARRAY else f"{_C_TYPE[s.dtype]} {n}")
+               if s.by_pointer else f"{_C_TYPE[s.dtype]} {n}")
               for s, n in zip(specs, names, strict=True)]
     return ", ".join(params) or "void"
 
 
 def gemm_program_source(program: GemmProgram, specs: tuple[ArgSpec, ...], name: str,
-                        target: Target) -> str:
+                        target: Target, parts: Sequence[tuple[Module, tuple[ArgSpec, ...]]]
+                        = ()) -> str:
     """C source defining ``int name(...)``: ``program``'s steps computed by the spine's
     GEMM on ``target``. Parameters are named ``p0, p1...`` after their place in
     ``specs`` (names the user gave never reach the C); the function returns 0, or 1
-    where memory could not be allocated."""
+    where memory could not be allocated (then before it has written anything).
+    ``parts``: for each ``Others`` step in order, the small path's kernel of its
+    statements (for ``target``'s ISA; entry functions named apart) and its parameters."""
     entry = _Entry(specs, program, target)
+    others = iter(parts)
     for stmt in program.steps:
-        entry.step(stmt)
+        if isinstance(stmt, Others):
+            entry.others(*next(others))
+        else:
+            entry.step(stmt)
+    assert next(others, None) is None, "a kernel for each Others step"
     ctype = entry.ctype
-    # every scratch pointer is NULL or allocated when a step fails (free(NULL) is no-op)
-    head = ["int status = 1;", *(f"{ctype} *{p} = NULL;" for p, _ in entry.scratch)]
-    for pointer, elements in entry.scratch:
-        head.append(f"if (!({pointer} = malloc(sizeof({ctype}) * {elements}))) goto done;")
-    tail = ["status = 0;", "done:", *(f"free({p});" for p, _ in entry.scratch),
+    # all scratch is allocated before the first step writes anything; every pointer is
+    # NULL or allocated where an allocation fails (blacc_free(NULL) does nothing)
+    head = ["int status = 1;", *(f"{ctype} *{p} = NULL;" for p in entry.scratch)]
+    for pointer, elements in entry.scratch.items():
+        head.append(f"if (!({pointer} = ({ctype} *)blacc_alloc(64, sizeof({ctype}) * "
+                    f"{elements}))) goto done;")
+    tail = ["status = 0;", "done:", *(f"blacc_free({p});" for p in entry.scratch),
             "return status;"]
+    if not entry.scratch and not entry.parts_fail:
+        head, tail = [], ["return 0;"]  # nothing to allocate, nothing that fails
     functions: dict[str, Function] = {}
-    for module in entry.gemms.values():
+    for module, _ in entry.gemms.values():
         for f in module.functions:  # the packing routines are the same in every plan
             assert functions.setdefault(f.name, f) == f, f.name
     unit = Module(tuple(functions.values()), entry=next(iter(functions)))
-    entries = [m.entry for m in entry.gemms.values()]
-    return (c_backend.render_modules((unit,), target.isa, opaque=entries)
-            + f"\n/* the program's signature: {len(program.steps)} GEMM step(s) */\n"
+    entries = [m.entry for m, _ in entry.gemms.values()] + [m.entry for m in entry.parts]
+    steps = f"{len(program.gemms)} GEMM step(s)" + (f", {len(entry.parts)} of the small path"
+                                                   if entry.parts else "")
+    return (c_backend.render_modules((unit, *entry.parts), target.isa, opaque=entries,
+                                     allocates=bool(entry.scratch))
+            + f"\n/* the program's signature: {steps} */\n"
             + f"int {name}({c_params(specs, [f'p{i}' for i in range(len(specs))])}) {{\n"
             + "".join(f"    {line}\n" for line in [*head, *entry.body, *tail]) + "}\n")

@@ -399,8 +399,9 @@ def _release_gil(specs: Sequence[ArgSpec]) -> bool:
 def wrapper_source(entry_name: str, specs: Sequence[ArgSpec], module_name: str, *,
                    release_gil: bool | None = None, status: bool = True) -> str:
     """C source of an extension module ``module_name`` whose ``call(*args)`` checks its
-    arguments against ``specs`` and calls ``int entry_name(...)``, raising where that
-    returns a status other than 0 (``void entry_name(...)`` without ``status``).
+    arguments against ``specs`` and calls ``int entry_name(...)``, raising MemoryError
+    where that returns a status other than 0, which says that scratch memory could not be
+    allocated (``void entry_name(...)`` without ``status``).
 
     Append it to the kernel's C source (one translation unit). ``release_gil``: drop
     the GIL around the kernel; by default only when the arrays hold at least
@@ -472,9 +473,10 @@ def wrapper_source(entry_name: str, specs: Sequence[ArgSpec], module_name: str, 
     if arrays:
         body.append("while (acquired > 0) PyBuffer_Release(&views[--acquired]);")
     if status:
+        # the kernels' one failure: scratch memory, allocated before any output is written
         body += ["if (status != 0) {",
-                 "    PyErr_Format(PyExc_RuntimeError, \"kernel %s failed with status %d \"",
-                 "                 \"(did a scratch allocation fail?)\", "
+                 "    PyErr_Format(PyExc_MemoryError, \"kernel %s could not allocate its \"",
+                 "                 \"scratch memory (status %d); no output was written\", "
                  f"{_c_string(entry_name)}, status);",
                  "    return NULL;", "}"]
     if not outs:

@@ -69,10 +69,11 @@ def to_spine(stmt: GemmStatement, shapes: Mapping[str, tuple[int, int]], dtype: 
 
 def program_to_spine(gemms: GemmProgram, program: TypedProgram, machine: Machine,
                      vectors: bool = True) -> bool:
-    """Whether the spine computes the whole program: where the steps it should compute
-    (``to_spine``) hold at least half of the program's multiplies. The others then run
-    on the spine as well, small GEMMs at about the small path's speed (see above)."""
+    """Whether the spine computes the program's GEMMs: where the steps it should compute
+    (``to_spine``) hold at least half of their multiplies. The others then run on the
+    spine as well, small GEMMs at about the small path's speed (see above). Statements
+    that are not GEMMs (``Others``) run on the small path between them."""
     shapes = gemms.shapes(program)
     work = [(math.prod(s.extents(shapes)),
-             to_spine(s, shapes, program.dtype, machine, vectors)) for s in gemms.steps]
+             to_spine(s, shapes, program.dtype, machine, vectors)) for s in gemms.gemms]
     return 2 * sum(w for w, spine in work if spine) >= sum(w for w, _ in work) > 0

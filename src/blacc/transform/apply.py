@@ -164,6 +164,13 @@ def _round_up(x: k.Expr, m: int) -> k.Expr:
     return _ceil_div(x, m) * m
 
 
+def _smaller(a: k.Expr, b: k.Expr) -> k.Expr:
+    """min(a, b), folded where both are known."""
+    if isinstance(a, k.Const) and isinstance(b, k.Const):
+        return k.Const(min(a.value, b.value))
+    return k.minimum(a, b)
+
+
 def apply(op: Contraction, schedule: Schedule, *, name: str = "kernel",
           known_strides: dict[str, int] | None = None) -> k.Module:
     """Build the loop nest of ``schedule`` for the matmul-shaped ``op``.
@@ -177,6 +184,7 @@ def apply(op: Contraction, schedule: Schedule, *, name: str = "kernel",
     edge_widths = range(plan.lanes, nr, plan.lanes) if plan.narrow_edges else ()
     dt = op.dtype
     extent = {d.name: _extent(op, d.name) for d in op.domain}
+    whole = dict(extent)  # extent changes to a tile's length inside each tiled loop
     # The loop variables whose sum is the current tile's start, per dimension.
     terms: dict[str, list[tuple[int, k.Var]]] = {d.name: [] for d in op.domain}
 
@@ -234,11 +242,14 @@ def apply(op: Contraction, schedule: Schedule, *, name: str = "kernel",
     def _pack(operand: str, sliver: int, depth: int) -> k.Stmt:
         row_dim = r.i if operand == r.left else r.j
         buf = f"{operand}p"
-        rows_bound = static_bound[row_dim]
-        k_bound = static_bound[r.k]
-        rows_size = (k.Const(-(-rows_bound // sliver) * sliver) if rows_bound is not None
-                     else _round_up(extent[row_dim], sliver))
-        cols_size = k.Const(k_bound) if k_bound is not None else extent[r.k]
+        # a block's size where the dimension is blocked, but never more than the whole
+        # extent (a 100 x 100 GEMM packed into buffers for 256 x 6144 took 12 MB)
+        rows_size = _round_up(whole[row_dim], sliver)
+        if (rows_bound := static_bound[row_dim]) is not None:
+            rows_size = _smaller(k.Const(-(-rows_bound // sliver) * sliver), rows_size)
+        cols_size = whole[r.k]
+        if (k_bound := static_bound[r.k]) is not None:
+            cols_size = _smaller(k.Const(k_bound), cols_size)
         allocs.append(k.Alloc(buf, dt, rows_size * cols_size))
         frees.append(k.Free(buf))
         rs, cs = _stride(op, operand, row_dim), _stride(op, operand, r.k)

@@ -14,7 +14,10 @@ a statement with several products (``D = A*B + C*E``: the second adds its produc
 output) or a product of more than two matrices (``E = A*B*C``), multiplied in the
 association with the fewest multiplies (``associate.association``) through scratch
 products. A product with a vector, a statement without a product, or a factor that is
-none of the above (``(A*B + C)*D``) is not matched: the program stays on the small path.
+none of the above (``(A*B + C)*D``) is not matched: such a statement is left to the
+small path, the whole program (``gemm_program``) or, where ``others`` is asked for, that
+statement alone, between the GEMM steps (``Others``: ``C = A*B; y = C*x`` is a GEMM,
+then a product with a vector).
 """
 
 from __future__ import annotations
@@ -76,13 +79,27 @@ class GemmStatement:
 
 
 @dataclass(frozen=True)
-class GemmProgram:
-    """GEMMs computed one after another. ``temps``: the scratch products that chains of
-    more than two matrices pass between steps, (name, (rows, cols)), row-major; their
-    names (``$0``, ``$1``...) are no identifier, so no operand's."""
+class Others:
+    """Statements of the program that are not GEMMs (their indices, consecutive), which
+    the small path computes between the GEMM steps."""
 
-    steps: tuple[GemmStatement, ...]
+    statements: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class GemmProgram:
+    """GEMMs computed one after another, and other statements between them where the
+    program has any (``Others``). ``temps``: the scratch products that chains of more
+    than two matrices pass between steps, (name, (rows, cols)), row-major; their names
+    (``$0``, ``$1``...) are no identifier, so no operand's."""
+
+    steps: tuple[GemmStatement | Others, ...]
     temps: tuple[tuple[str, tuple[int, int]], ...] = ()
+
+    @property
+    def gemms(self) -> tuple[GemmStatement, ...]:
+        """The steps that are GEMMs."""
+        return tuple(s for s in self.steps if isinstance(s, GemmStatement))
 
     def shapes(self, program: t.TypedProgram) -> dict[str, tuple[int, int]]:
         """The shape of every array the steps name, operands and scratch products."""
@@ -205,8 +222,16 @@ class _Steps:
     """Steps of a program as they are found, and the scratch products between them."""
 
     def __init__(self) -> None:
-        self.steps: list[GemmStatement] = []
+        self.steps: list[GemmStatement | Others] = []
         self.temps: list[tuple[str, tuple[int, int]]] = []
+
+    def other(self, index: int) -> None:
+        """Statement ``index`` is left to the small path, with any just before it."""
+        last = self.steps[-1] if self.steps else None
+        if isinstance(last, Others):
+            self.steps[-1] = Others((*last.statements, index))
+        else:
+            self.steps.append(Others((index,)))
 
     def operands(self, factors: list[tuple[Addend, ...]], shapes: list[tuple[int, int]]
                  ) -> tuple[tuple[Addend, ...], tuple[Addend, ...]]:
@@ -249,13 +274,19 @@ class _Steps:
         return bool(products)
 
 
-def gemm_program(program: t.TypedProgram) -> GemmProgram | None:
-    """The program as GEMMs, or None when it is not (see the module docstring)."""
+def gemm_program(program: t.TypedProgram, others: bool = False) -> GemmProgram | None:
+    """The program as GEMMs, or None when it is not (see the module docstring).
+    ``others``: statements that are not GEMMs become ``Others`` steps, and None means no
+    statement is a GEMM."""
     found = _Steps()
-    if not all(found.statement(s, program.decls) for s in program.statements):
-        return None
-    factors = [f for s in found.steps
+    for i, stmt in enumerate(program.statements):
+        if not found.statement(stmt, program.decls):
+            if not others:
+                return None
+            found.other(i)
+    gemms = GemmProgram(tuple(found.steps), tuple(found.temps))
+    factors = [f for s in gemms.gemms
                for f in (s.alpha, *(x.factor for x in (*s.a, *s.b, *s.addends)))]
-    if not all(math.isfinite(f.literal) for f in factors):
-        return None  # literals whose product overflows: left to the small path
-    return GemmProgram(tuple(found.steps), tuple(found.temps))
+    if not gemms.gemms or not all(math.isfinite(f.literal) for f in factors):
+        return None  # (literals whose product overflows: left to the small path)
+    return gemms
