@@ -20,7 +20,9 @@ search compiles) and renders each as C: an operation the ISA lacks raises. ``emi
 writes it with ``blacc.emit`` for the generic target, AVX2 or AVX-512 (those the CPU
 has), compiles the file alone with ``cc -std=c99 -O2 -Wall -Wextra -Werror`` (and
 ``-pedantic`` for generic C; a warning fails) and calls it through ctypes, in a child
-process, on buffers fenced by sentinels that must survive. ``spine`` does the same with
+process, on buffers fenced by sentinels that must survive; for one seed in three every
+temporary is allocated from the heap, as those too large for the stack are
+(``blac.STACK_BYTES`` 0). ``spine`` does the same with
 ``test_blac_gemm_route``'s random programs of GEMMs (chains, sums as factors, two
 statements, maybe statements that are not GEMMs after them, run by the small path's
 kernels), the route to the spine forced at their small sizes. Each program
@@ -53,6 +55,7 @@ from blacc.blacs import _typed, plan  # noqa: E402
 from blacc.errors import ScheduleError  # noqa: E402
 from blacc.strategy import route  # noqa: E402
 from blacc.target.isa import AVX2, AVX512  # noqa: E402
+from blacc.transform import blac  # noqa: E402
 from blacc.transform.blac import build_module, candidates  # noqa: E402
 from guard import guarded_array, run_in_child  # noqa: E402
 from test_blac_emit import HAS_AVX2, HAS_AVX512, run_emitted  # noqa: E402
@@ -114,21 +117,33 @@ def check_candidates(source: str, decls: dict) -> None:
 
 def check_emitted(source: str, decls: dict, dtype: str, seed: int, target: str,
                   spine: bool = False) -> None:
-    with tempfile.TemporaryDirectory(prefix="blacc-fuzz-") as tmp:
-        c_path, _ = blacc.emit(source, Path(tmp) / "kern", target=target, **decls)
-        if spine:  # what the kernel computes, whoever planned it
-            assert "blacc_gemm_" in c_path.read_text(), "not on the spine"
-            p = unplanned(source, decls)
-        else:
-            p = plan(source, name="kern", target=target, **decls)
+    # one seed in three: every temporary allocated, as those too large for the stack are
+    stack_bytes = blac.STACK_BYTES
+    blac.STACK_BYTES = 0 if seed % 3 == 0 else stack_bytes
+    try:
+        with tempfile.TemporaryDirectory(prefix="blacc-fuzz-") as tmp:
+            _check_emitted(source, decls, dtype, seed, target, spine, Path(tmp))
+    finally:
+        blac.STACK_BYTES = stack_bytes
 
-        def body() -> None:
-            run_emitted(c_path, p, decls, dtype, target, "kern", misalign=seed % 2 == 1,
-                        seed=seed, context=repr(source), status=spine)
 
-        outcome = run_in_child(body, timeout=120)
-        if outcome.signal is not None or outcome.timed_out or outcome.exitcode != 0:
-            raise AssertionError(f"{outcome.describe()}\n{outcome.report}")
+def _check_emitted(source: str, decls: dict, dtype: str, seed: int, target: str,
+                   spine: bool, tmp: Path) -> None:
+    c_path, _ = blacc.emit(source, tmp / "kern", target=target, **decls)
+    if spine:  # what the kernel computes, whoever planned it
+        assert "blacc_gemm_" in c_path.read_text(), "not on the spine"
+        p, status = unplanned(source, decls), True
+    else:
+        p = plan(source, name="kern", target=target, **decls)
+        status = p.module.function(p.module.entry).status
+
+    def body() -> None:
+        run_emitted(c_path, p, decls, dtype, target, "kern", misalign=seed % 2 == 1,
+                    seed=seed, context=repr(source), status=status)
+
+    outcome = run_in_child(body, timeout=120)
+    if outcome.signal is not None or outcome.timed_out or outcome.exitcode != 0:
+        raise AssertionError(f"{outcome.describe()}\n{outcome.report}")
 
 
 def main(argv: list[str] | None = None) -> int:

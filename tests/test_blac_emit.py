@@ -29,6 +29,7 @@ from blacc.ir import printer
 from blacc.ir.walk import nodes_of
 from blacc.target.isa import ISAS
 from blacc.target.machine import detect_machine
+from blacc.transform import blac
 from blacc.transform.blac import build_module, candidates
 from blacc.transform.index_notation import forms
 from test_blac_programs import (
@@ -329,8 +330,19 @@ def test_an_emitted_spine_kernel_that_cannot_allocate_writes_nothing(tmp_path, t
                  G=M(110, 100), D=M(120, 100, layout="col", ld=121))
     c_path = blacc.emit(source, tmp_path / "kern", target=target, **decls)[0]
     assert "blacc_gemm_" in c_path.read_text()
+    p = unplanned(source, decls)
+    # F + G, and the two packing buffers both steps share
+    check_failed_allocations(c_path, p, decls, dtype, target, 3)
+
+
+def check_failed_allocations(c_path: Path, p, decls: dict, dtype: str, target: str,
+                             allocations: int) -> None:
+    """Build ``c_path`` with a malloc that fails on demand: the kernel makes
+    ``allocations``; whichever fails, it returns 1 with every array as it was; with
+    none failing it computes the program."""
     objects = []
-    for path, defines in [(c_path, ["-Dmalloc=failing_malloc"]), (tmp_path / "m.c", [])]:
+    for path, defines in [(c_path, ["-Dmalloc=failing_malloc"]),
+                          (c_path.with_name("failing_malloc.c"), [])]:
         if not defines:
             path.write_text(FAILING_MALLOC)
         cmd = [CC, *flags_for(target), *defines, "-fPIC", "-c", str(path), "-o",
@@ -338,26 +350,44 @@ def test_an_emitted_spine_kernel_that_cannot_allocate_writes_nothing(tmp_path, t
         proc = subprocess.run(cmd, capture_output=True, text=True)
         assert proc.returncode == 0 and not proc.stderr, proc.stderr
         objects.append(str(path.with_suffix(".o")))
-    lib_path = tmp_path / "kern.so"
+    lib_path = c_path.with_name("failing.so")
     subprocess.run([CC, "-shared", *objects, "-o", str(lib_path)], check=True)
     lib = ctypes.CDLL(str(lib_path))
-    p = unplanned(source, decls)
     values = make_values(decls, dtype, np.random.default_rng(7))
     lib.set_left(-1)
     call(lib.kern, p.specs, dtype, values, misalign=False, status=True)
-    count = lib.allocations()
-    assert count == 3  # F + G, and the two packing buffers both steps share
+    assert lib.allocations() == allocations
     before = interp_buffers(p.specs, values, dtype)
-    for left in range(count):
+    for left in range(allocations):
         lib.set_left(left)
         after = call(lib.kern, p.specs, dtype, values, misalign=False, status=True,
                      expect=1)
         for s in p.specs:
-            if s.kind == "array":
+            if s.by_pointer:
                 np.testing.assert_array_equal(after[s.name], before[s.name],
                                               err_msg=f"{s.name}, allocation {left} failed")
     lib.set_left(-1)
-    run_emitted(c_path, p, decls, dtype, target, "kern", context=source, status=True)
+    run_emitted(c_path, p, decls, dtype, target, "kern", context="failing malloc",
+                status=True)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_temporaries_too_large_for_the_stack_are_allocated(tmp_path, target, monkeypatch):
+    """Past ``blac.STACK_BYTES`` (0 here) a kernel's temporaries are allocated when it
+    starts, before it writes anything, and freed when it returns; it returns a status,
+    and the header says so."""
+    monkeypatch.setattr(blac, "STACK_BYTES", 0)
+    source, dtype = "D = (A*B + C)*E; s = x'*D*y", "f32"
+    decls = dict(A=M(5, 3, "f32"), B=M(3, 6, "f32"), C=M(5, 6, "f32", layout="col"),
+                 E=M(6, 7, "f32"), D=M(5, 7, "f32", ld=9), x=V(5, "f32"), y=V(7, "f32"),
+                 s=S("f32"))
+    c_path, h_path = blacc.emit(source, tmp_path / "kern", target=target, **decls)
+    p = plan(source, name="kern", target=target, **decls)
+    heap = [s for s in p.module.function("kern").body if isinstance(s, kir.Local)]
+    assert heap and all(s.heap for s in heap)
+    assert "Returns 0, or 1 where a scratch allocation failed" in h_path.read_text()
+    assert "int kern(" in h_path.read_text()
+    check_failed_allocations(c_path, p, decls, dtype, target, len(heap))
 
 
 def test_two_emitted_spine_kernels_link_together(tmp_path):

@@ -680,3 +680,16 @@ def _nodes(n):
     yield n
     for c in ix.children(n):
         yield from _nodes(c)
+
+
+def test_a_temporary_too_large_for_the_stack_is_allocated():
+    """(A*B + C) is a temporary of 96 x 96 doubles, 72 KiB, past ``blac.STACK_BYTES``: the
+    kernel allocates it (at 1100 x 1100 on the stack, 9.7 MB, it overflowed Linux's 8 MiB
+    and crashed) and computes the program."""
+    n = 96
+    kernel = blacc.compile("D = (A*B + C)*E", **{x: M(n, n) for x in "ABCDE"})
+    assert "blacc_alloc(" in kernel.source and "blacc_gemm_" not in kernel.source
+    rng = np.random.default_rng(3)
+    A, B, C, E = (rng.uniform(-1, 1, (n, n)) for _ in range(4))
+    np.testing.assert_allclose(kernel(A=A, B=B, C=C, E=E), (A @ B + C) @ E, rtol=1e-12,
+                               atol=1e-10)

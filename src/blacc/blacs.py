@@ -402,7 +402,8 @@ def _measurer(specs: tuple[ArgSpec, ...], build_isa: Isa):
         units = {isa: c_backend.render_modules([m for m, c in zip(named, pool, strict=True)
                                                 if c.isa is isa], isa)
                  for isa in dict.fromkeys(c.isa for c in pool)}
-        (status,) = {m.function(m.entry).status for m in named}  # build_module's: none
+        # a candidate returns a status where it allocates a temporary (build_module)
+        status = {m.entry: m.function(m.entry).status for m in named}
         return time_kernels([(units[c.isa], m.entry, build_isa)
                              for m, c in zip(named, pool, strict=True)], specs,
                             status=status)

@@ -27,6 +27,7 @@ class _Renderer:
         self.isa = isa
         self.read_back: frozenset[str] = frozenset()  # of the function being printed
         self.locals: list[str] = []  # its local arrays declared so far
+        self.heap: dict[str, k.Local] = {}  # those of them allocated, by name
         self.written: list[str] = []  # its local arrays stored to so far
 
     # ------------------------------------------------------------------ types and values
@@ -237,6 +238,8 @@ class _Renderer:
             return [*lines, f"{pad}}}"]
         if isinstance(s, k.Local):
             self.locals.append(s.buf)
+            if s.heap:  # allocated where the function starts
+                return []
             return [f"{pad}{_SCALAR[s.dtype]} {s.buf}[{s.size}];"]
         if isinstance(s, k.Alloc):
             t = _SCALAR[s.dtype]
@@ -250,7 +253,7 @@ class _Renderer:
         if isinstance(s, k.Barrier):
             # gcc lets a memory clobber pass a local array whose address never escapes,
             # so a barrier that holds for locals names those written so far
-            return [f"{pad}BLACC_BARRIER();", *(f"{pad}BLACC_IN_MEMORY({buf});"
+            return [f"{pad}BLACC_BARRIER();", *(f"{pad}BLACC_IN_MEMORY({self.array(buf)});"
                                                 for buf in (self.written if s.locals else ()))]
         if isinstance(s, k.Prefetch):
             return [f"{pad}BLACC_PREFETCH({self.addr(s.buf, s.index)}, {int(s.write)});"]
@@ -269,9 +272,20 @@ class _Renderer:
         ret = ("int" if f.status else "void") if f.exported else "BLACC_NOINLINE static void"
         return f"{ret} {f.name}({', '.join(self.param(p) for p in f.params)})"
 
+    def array(self, buf: str) -> str:
+        """A local array as an lvalue of its whole extent (a heap one through its
+        pointer), for an asm statement to read and write."""
+        if buf not in self.heap:
+            return buf
+        local = self.heap[buf]
+        return f"*({_SCALAR[local.dtype]} (*)[{local.size}]){buf}"
+
     def function(self, f: k.Function) -> str:
         allocs = [s for s in f.body if isinstance(s, k.Alloc)]
-        if allocs and not (f.exported and f.status):
+        self.heap = {s.buf: s for s in f.body if isinstance(s, k.Local) and s.heap}
+        heap_lines = [line for s in self.heap.values()
+                      for line in self.stmts((k.Alloc(s.buf, s.dtype, k.Const(s.size)),), 1)]
+        if (allocs or self.heap) and not (f.exported and f.status):
             raise ScheduleError(f"{f.name}: scratch buffers belong to the entry function, "
                                 "which returns a status")
         # Scratch pointers start NULL so that the failure path may free them all.
@@ -284,14 +298,17 @@ class _Renderer:
         # 4 x 4 x 4 f32 on Zen 5 ran 1.00-1.01 ns starting 1 or 16 bytes into a line,
         # 1.27-1.28 at 32 or 48).
         head = f"BLACC_ENTRY {self.signature(f)}" if f.exported else self.signature(f)
+        scratch = [*allocs, *self.heap.values()]
         lines = [head + " {",
                  *[f"    (void){p.name};" for p in f.params if p.name not in used],
-                 *[f"    {_SCALAR[s.dtype]} *restrict {s.buf} = NULL;" for s in allocs],
+                 *[f"    {_SCALAR[s.dtype]} *restrict {s.buf} = NULL;" for s in scratch],
+                 *heap_lines,  # before anything is written
                  *self.stmts(f.body, 1)]
         if f.exported and f.status:
-            lines.append("    return 0;")
-        if allocs:
-            lines += ["out_of_memory:", *[f"    blacc_free({s.buf});" for s in allocs],
+            lines += [*(f"    blacc_free({s.buf});" for s in self.heap.values()),
+                      "    return 0;"]
+        if scratch:
+            lines += ["out_of_memory:", *[f"    blacc_free({s.buf});" for s in scratch],
                       "    return 1;"]
         lines.append("}")
         return "\n".join(lines)

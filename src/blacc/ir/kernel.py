@@ -634,12 +634,15 @@ class Alloc(Stmt):
 
 @dataclass(frozen=True)
 class Local(Stmt):
-    """A small fixed-size array of the function (on the stack), not initialised: its
-    writer fills it before anything reads it (zeroing it cost as much as computing it)."""
+    """A fixed-size array of the function (on the stack), not initialised: its writer
+    fills it before anything reads it (zeroing it cost as much as computing it).
+    ``heap``: too large for a thread's stack, it is allocated when the function starts
+    and freed when it returns, and the function returns a status (``Function.status``)."""
 
     buf: str
     dtype: str
     size: int
+    heap: bool = False
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import ctypes
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -43,13 +43,17 @@ def _prototype(name: str, specs: Sequence[ArgSpec], status: bool = True) -> str:
 
 
 def timing_unit(source: str, entries: Sequence[str], specs: Sequence[ArgSpec],
-                status: bool = True) -> str:
+                status: bool | Mapping[str, bool] = True) -> str:
     """``source`` (C defining the functions ``entries``, each taking ``specs``; returning
-    an int, or nothing without ``status``) with a timer per entry: ``double
+    an int, or nothing without ``status``, given for all or by entry) with a timer per
+    entry: ``double
     blacc_time_<entry>(long reps, <operands>)``, the seconds ``reps`` back-to-back calls
     take (thread CPU time)."""
     if any(s.dtype not in _NP_TYPE for s in specs):
         raise ArgumentError("kernels are timed on float32 and float64 operands only")
+    def returns(entry: str) -> bool:
+        return status if isinstance(status, bool) else status[entry]
+
     timer = _prototype("blacc_time", specs)
     params = timer[timer.index("(") + 1:-1]
     args = ", ".join(f"a{i}" for i in range(len(specs)))
@@ -64,7 +68,7 @@ def timing_unit(source: str, entries: Sequence[str], specs: Sequence[ArgSpec],
         "#else",
         "#define BLACC_OUT_OF_LINE",
         "#endif",
-        *(f"BLACC_OUT_OF_LINE {_prototype(e, specs, status)};" for e in entries),
+        *(f"BLACC_OUT_OF_LINE {_prototype(e, specs, returns(e))};" for e in entries),
         "static double blacc_seconds(void) {",
         "    struct timespec t;",
         "    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);",
@@ -117,10 +121,11 @@ def _operand(s: ArgSpec, rng: np.random.Generator) -> np.ndarray | float:
 
 def time_kernels(kernels: Sequence[tuple[str, str, Isa]], specs: Sequence[ArgSpec], *,
                  rounds: int = 7, min_batch_s: float = 2e-3, seed: int = 0,
-                 status: bool = True) -> list[float]:
+                 status: bool | Mapping[str, bool] = True) -> list[float]:
     """Median seconds per call of each kernel: ``kernels`` are (C source, function name,
     ISA), each function taking parameters ``specs`` (and returning an int status, or
-    nothing without ``status``); kernels may share a source (one translation unit
+    nothing without ``status``, given for all or by function name); kernels may share a
+    source (one translation unit
     defining several). Each source is compiled with its timers (``timing_unit``; in
     parallel, through the kernel cache), and the kernels timed interleaved."""
     if not kernels:

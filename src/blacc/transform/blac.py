@@ -1820,8 +1820,7 @@ def build_module(program: ix.Program, specs: tuple[ArgSpec, ...],
     if len(schedule) != len(program.ops):
         raise ScheduleError(f"{len(program.ops)} operations but {len(schedule)} op schedules")
     store = storages(program, specs)
-    body: list[k.Stmt] = [k.Local(o.name, program.dtype, o.rows * o.cols)
-                          for o in program.operands if o.temporary]
+    body: list[k.Stmt] = list(_temporaries(program))
     parts: list[tuple[k.Stmt, ...]] = []
     for n, (op, sched) in enumerate(zip(program.ops, schedule, strict=True)):
         straight = straight_near_l1 and writes_near_l1(program, op)
@@ -1843,6 +1842,29 @@ def build_module(program: ix.Program, specs: tuple[ArgSpec, ...],
     ordered = stores_as_ready(share_masked_loads(tuple(body), isa), isa.registers)
     if write_prefetches:
         ordered = prefetch_stores(ordered, {p.name: p.extent for p in params})
-    # temporaries live on the stack: nothing to allocate, no status to return
-    entry = k.Function(name, params, ordered, exported=True, status=False)
+    # temporaries on the stack: nothing to allocate, no status to return
+    status = any(s.heap for s in body if isinstance(s, k.Local))
+    entry = k.Function(name, params, ordered, exported=True, status=status)
     return mark_past_end(k.Module((entry,), entry=name), isa)
+
+
+#: The bytes of temporaries a kernel keeps on the stack; larger ones are allocated from
+#: the heap when it starts (a thread's stack may be as small as 128 KiB, musl's default;
+#: D = (A*B + C)*E 1100^3 f64, a temporary of 9.7 MB, overflowed Linux's 8 MiB). A kernel
+#: with that much to keep computes for far longer than the allocation takes.
+STACK_BYTES = 64 * 1024
+
+
+def _temporaries(program: ix.Program) -> list[k.Local]:
+    """The program's temporaries, the smallest on the stack while they fit in
+    ``STACK_BYTES``, the others on the heap; in the program's order."""
+    temps = [o for o in program.operands if o.temporary]
+    size = itemsize(program.dtype)
+    room, heap = STACK_BYTES, set()
+    for o in sorted(temps, key=lambda o: o.rows * o.cols):
+        if o.rows * o.cols * size <= room:
+            room -= o.rows * o.cols * size
+        else:
+            heap.add(o.name)
+    return [k.Local(o.name, program.dtype, o.rows * o.cols, heap=o.name in heap)
+            for o in temps]
