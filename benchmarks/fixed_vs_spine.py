@@ -1,10 +1,11 @@
-"""Fixed-size programs that are GEMMs, ``C = A*B + C``, ``D = alpha*A*B + beta*C`` and
-``E = A*B*F`` (F n x n), and one with a statement that is not, ``C = A*B; y = C*x``:
-blacc.compile's kernel (the small path or the spine's GEMMs, whichever
-``strategy.route`` picks) against the small path forced, blacc.gemm (for D, after ``D
-= beta*C`` in NumPy; for E, twice, in the association with fewer multiplies, which
-blacc takes and whose flops count; for y, then NumPy's matmul) and NumPy (``multi_dot``
-for E), on one core. See "Programs that are GEMMs" in benchmarks/README.md.
+"""Fixed-size programs that are GEMMs, ``C = A*B + C``, ``D = alpha*A*B + beta*C``,
+``E = A*B*F`` and ``D = (A*B + C)*F`` (F n x n), and one with a statement that is not,
+``C = A*B; y = C*x``: blacc.compile's kernel (the small path or the spine's GEMMs,
+whichever ``strategy.route`` picks) against the small path forced, blacc.gemm (for D,
+after ``D = beta*C`` in NumPy; for E, twice, in the association with fewer multiplies,
+which blacc takes and whose flops count; for (A*B + C)*F, into a copy of C, then times
+F; for y, then NumPy's matmul) and NumPy (``multi_dot`` for E), on one core. See
+"Programs that are GEMMs" in benchmarks/README.md.
 
     python benchmarks/fixed_vs_spine.py                        # the shapes below, f32 and f64
     python benchmarks/fixed_vs_spine.py --shapes 600x600x600 --dtype float64
@@ -25,7 +26,7 @@ from blacc.strategy import route
 SHAPES = ("64x64x64", "80x80x80", "96x96x96", "112x112x112", "128x128x128",
           "200x200x200", "400x400x400", "600x600x600", "1000x1000x8", "300x300x50",
           "8x8x1000")
-HEADER = ("dtype    program    shape (MxNxK) path  compile   small    gemm   numpy  /small  /gemm "
+HEADER = ("dtype    program     shape (MxNxK) path  compile   small    gemm   numpy  /small  /gemm "
           "/numpy  planned in s (compile, small)\n(GFLOPS, median of interleaved samples)")
 ALPHA, BETA = 0.5, 2.0
 
@@ -51,7 +52,7 @@ def _programs(a: np.ndarray, b: np.ndarray, c: np.ndarray, d: np.ndarray, f: np.
     a64, c64 = a.astype(np.float64), c.astype(np.float64)
     t, c1 = a.dtype.type, c.copy()
     (m, k), n = a.shape, b.shape[1]
-    e, y = np.empty_like(c), np.empty(m, a.dtype)
+    e, y, t_ab = np.empty_like(c), np.empty(m, a.dtype), np.empty_like(c)
     # E = A*B*F as blacc computes it, in the association with fewer multiplies; the
     # peers so too (NumPy's multi_dot chooses alike)
     if k * n * n + m * k * n < m * k * n + m * n * n:
@@ -73,6 +74,10 @@ def _programs(a: np.ndarray, b: np.ndarray, c: np.ndarray, d: np.ndarray, f: np.
                         out=d), 2.0 * m * n * k),
         ("E=ABF", "E = A*B*F", dict(A=a, B=b, F=f, E=e), a64 @ b @ f, chain,
          lambda: np.linalg.multi_dot([a, b, f], out=e), chain_flops),
+        ("D=(AB+C)F", "D = (A*B + C)*F", dict(A=a, B=b, C=c, F=f, D=d), (a64 @ b + c64) @ f,
+         lambda: blacc.gemm(blacc.gemm(a, b, np.copyto(t_ab, c) or t_ab, beta=1.0), f, d),
+         lambda: np.matmul(np.add(np.matmul(a, b), c), f, out=d),
+         2.0 * m * n * (k + n)),
         ("C=AB,y=Cx", "C = A*B\ny = C*x", dict(A=a, B=b, C=e, x=x, y=y), a64 @ b @ x,
          lambda: np.matmul(blacc.gemm(a, b, e), x, out=y),
          lambda: np.matmul(np.matmul(a, b, out=e), x, out=y), 2.0 * m * n * (k + 1)),
@@ -99,7 +104,7 @@ def _row(dtype: np.dtype, label: str, shape: str, source: str, decls: dict, args
     path = "spine" if "blacc_gemm_" in routed.source else "small"
     ratios = " ".join(f"{gflops['compile'] / gflops[peer]:5.2f}x"
                       for peer in ("small", "gemm", "numpy"))
-    return (f"{dtype.name:8s} {label:10s} {shape:13s} {path:5s} {gflops['compile']:7.1f} "
+    return (f"{dtype.name:8s} {label:11s} {shape:13s} {path:5s} {gflops['compile']:7.1f} "
             f"{gflops['small']:7.1f} {gflops['gemm']:7.1f} {gflops['numpy']:7.1f}  "
             f"{ratios}  {routed_s:5.1f} {small_s:5.1f}")
 
@@ -109,6 +114,9 @@ def _bound(source: str, args: dict) -> np.ndarray:
     inner extents and the scale of every term, computed on absolute values."""
     a, b = (np.abs(args[n].astype(np.float64)) for n in "AB")
     eps = float(np.finfo(args["A"].dtype).eps)
+    if "F" in args and "C" in args:  # (A*B + C)*F
+        f, c = (np.abs(args[n].astype(np.float64)) for n in "FC")
+        return 8 * eps * (a.shape[1] + f.shape[0]) * ((a @ b + c) @ f)
     for second in "Fx":
         if second in args:
             f = np.abs(args[second].astype(np.float64))

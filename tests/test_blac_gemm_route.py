@@ -127,11 +127,25 @@ def test_operands_that_are_sums_are_recognized():
 @pytest.mark.parametrize("source", [
     "C = alpha*C",            # no product
     "C = A*B; D = C + D",     # a statement without a product
-    "C = (A*B + D)*D",        # a factor that is a product plus a matrix
+    "C = (A*B + x*y')*D",     # a factor with a product of vectors
     "C = 1e200*(1e200*A)*B",  # literals whose product overflows
 ])
 def test_other_programs_are_not_gemms(source):
-    assert gemm_program(_typed(source, _decls(m=6, n=6, k=6))) is None
+    decls = dict(_decls(m=6, n=6, k=6), x=V(6, "f32"), y=V(6, "f32"))
+    assert gemm_program(_typed(source, decls)) is None
+
+
+def test_factors_that_are_gemms_are_computed_first():
+    """A factor that is no sum of matrices but GEMMs itself goes into a scratch array
+    by steps of its own, scaled and transposed as the product needs it."""
+    decls = dict(_decls(m=6, n=6, k=6), E=M(6, 4, "f32"), F=M(4, 6, "f32"))
+    gemms = gemm_program(_typed("F = alpha*((A*B - 2*C)*E)' + beta*F", decls))
+    assert gemms.temps == (("$0", (6, 6)),)
+    assert [_step(s) for s in gemms.steps] == [
+        ("$0", "1*A", "1*B", 1, "-2*C"),
+        ("F", "1*E'", "1*$0'", 2, "3*F")]
+    gemms = gemm_program(_typed("Bt = (At'*(B + C) + D)*(A*B)'*2", decls))
+    assert [s.out for s in gemms.steps] == ["$0", "$1", "Bt"]
 
 
 def test_matrix_vector_products_are_not_gemms():
@@ -409,6 +423,13 @@ def _check_spine_program(source: str, decls: dict, monkeypatch, pass_outputs=Tru
                                           F=M(6, 9, "f64"), alpha=S("f64"))),
     ("E = A*B*C*D", dict(A=M(3, 20, "f32"), B=M(20, 20, "f32"), C=M(20, 20, "f32"),
                          D=M(20, 3, "f32"), E=M(3, 3, "f32"))),
+    # factors that are GEMMs themselves, computed into scratch arrays first
+    ("D = alpha*(A*B - 2*C)'*E + D", dict(
+        A=M(7, 5, "f64", layout="col"), B=M(5, 9, "f64"), C=M(7, 9, "f64", ld=11),
+        E=M(7, 4, "f64"), D=M(9, 4, "f64", layout="col", ld=10), alpha=S("f64"))),
+    ("F = E'*(A*B + C)'*(G*A + H)", dict(
+        A=M(6, 5, "f32"), B=M(5, 8, "f32"), C=M(6, 8, "f32"), E=M(8, 3, "f32"),
+        G=M(6, 6, "f32", ld=7), H=M(6, 5, "f32", layout="col"), F=M(3, 5, "f32"))),
 ])
 def test_programs_of_several_gemms_on_the_spine(source, decls, monkeypatch):
     _check_spine_program(source, decls, monkeypatch)
@@ -444,11 +465,12 @@ def test_outputs_the_kernel_allocates_are_computed_before_they_are_read(monkeypa
 @st.composite
 def _gemm_chains(draw, others: bool = False):
     """A random program of GEMMs: one or two statements, each with one or two products
-    of two to four factors (transposed or not, some sums of two), maybe the output
-    added; the second statement may read the first's output. Sizes start at 2: a side
-    of 1 makes a product with a vector, no GEMM here. ``others``: after a GEMM statement
-    there may be one that is not, reading its output: a product with a vector, an update
-    in place, or a scalar (which the next GEMM statement may take as a factor)."""
+    of two to four factors (transposed or not, some sums of two, some GEMMs themselves),
+    maybe the output added; the second statement may read the first's output. Sizes
+    start at 2: a side of 1 makes a product with a vector, no GEMM here. ``others``:
+    after a GEMM statement there may be one that is not, reading its output: a product
+    with a vector, an update in place, or a scalar (which the next GEMM statement may
+    take as a factor)."""
     dt = draw(st.sampled_from(("f32", "f64")))
     decls: dict = {"alpha": S(dt)}
     size = st.integers(2, 13)
@@ -483,8 +505,15 @@ def _gemm_chains(draw, others: bool = False):
         return name
 
     def factor(rows: int, cols: int) -> str:
-        if draw(st.integers(0, 3)) == 0:
+        kind = draw(st.integers(0, 7))
+        if kind < 2:
             return f"({operand(rows, cols)} - alpha*{operand(rows, cols)})"
+        if kind == 2:  # GEMMs itself, maybe transposed
+            inner = draw(size)
+            if draw(st.booleans()):
+                return (f"({operand(cols, inner)}*{operand(inner, rows)} + "
+                        f"{operand(cols, rows)})'")
+            return f"({operand(rows, inner)}*{operand(inner, cols)} - {operand(rows, cols)})"
         return operand(rows, cols)
 
     def product(rows: int, cols: int, lead: tuple[str, int] | None) -> str:

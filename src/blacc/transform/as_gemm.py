@@ -13,11 +13,12 @@ A program of several such statements is several GEMMs run one after another, and
 a statement with several products (``D = A*B + C*E``: the second adds its product to the
 output) or a product of more than two matrices (``E = A*B*C``), multiplied in the
 association with the fewest multiplies (``associate.association``) through scratch
-products. A product with a vector, a statement without a product, or a factor that is
-none of the above (``(A*B + C)*D``) is not matched: such a statement is left to the
-small path, the whole program (``gemm_program``) or, where ``others`` is asked for, that
-statement alone, between the GEMM steps (``Others``: ``C = A*B; y = C*x`` is a GEMM,
-then a product with a vector).
+products, and so is a factor that is GEMMs itself (``(A*B + C)'*D``: ``A*B + C`` into a
+scratch array first). A product with a vector, a statement without a product, or a
+factor that is none of the above (``(A*B + x*y')*D``) is not matched: such a statement
+is left to the small path, the whole program (``gemm_program``) or, where ``others`` is
+asked for, that statement alone, between the GEMM steps (``Others``: ``C = A*B; y =
+C*x`` is a GEMM, then a product with a vector).
 """
 
 from __future__ import annotations
@@ -199,17 +200,18 @@ def _chain(e: t.TExpr, decls: t.Decls) -> tuple[Factor, list[t.TExpr]] | None:
     return None if inner is None else (peeled[0].times(inner[0]), inner[1])
 
 
-def _product(e: t.TExpr, decls: t.Decls
+def _product(e: t.TExpr, decls: t.Decls, steps: _Steps
              ) -> tuple[Factor, list[tuple[Addend, ...]], list[tuple[int, int]]] | None:
     """(scalar factors, each factor's terms, each factor's shape) for a product of two
     or more matrices, however scaled and transposed (``(A*B)' = B'*A'``); a one-term
-    factor's scalars move into the product's."""
+    factor's scalars move into the product's. A factor that is no sum of matrices but
+    GEMMs itself (``A*B + C`` in ``(A*B + C)*E``) is computed by ``steps`` first."""
     chain = _chain(e, decls)
     if chain is None or len(chain[1]) < 2:
         return None
     factor, combos = chain[0], []
     for f in chain[1]:
-        terms = _combination(f, decls)
+        terms = _combination(f, decls) or steps.value(f, decls)
         if terms is None:
             return None
         if len(terms) == 1:
@@ -252,18 +254,40 @@ class _Steps:
         return operand(order[0])[0], operand(order[1])[0]
 
     def statement(self, stmt: t.TAssign, decls: t.Decls) -> bool:
-        """Add ``stmt``'s steps: the first product with the addends, the others added to
-        the output. False where it is not GEMMs."""
+        """Add ``stmt``'s steps; False, and none added, where it is not GEMMs."""
+        mark = len(self.steps), len(self.temps)
+        if self.assign(stmt.target, stmt.expr, decls):
+            return True
+        del self.steps[mark[0]:], self.temps[mark[1]:]
+        return False
+
+    def value(self, e: t.TExpr, decls: t.Decls) -> tuple[Addend, ...] | None:
+        """A factor of a product that is GEMMs (``A*B + C``, maybe scaled or transposed)
+        as one plain term: steps computing it into a scratch array; None where it is
+        not GEMMs (steps it added are the caller's to drop)."""
+        if isinstance(e, t.TTranspose):
+            inner = self.value(e.x, decls)
+            return None if inner is None else _flipped(inner)
+        peeled = _peeled(e, decls)
+        if peeled is not None and peeled[1] is not e:
+            inner = self.value(peeled[1], decls)
+            return None if inner is None else _scaled(inner, peeled[0])
+        name = f"${len(self.temps)}"
+        self.temps.append((name, e.shape))
+        return (Addend(name, False, Factor()),) if self.assign(name, e, decls) else None
+
+    def assign(self, out: str, expr: t.TExpr, decls: t.Decls) -> bool:
+        """Add the steps of ``out = expr``: the first product with the addends, the others
+        added to the output. False where it is not GEMMs."""
         products: list[tuple[Factor, list[tuple[Addend, ...]], list[tuple[int, int]]]] = []
         addends: list[Addend] = []
-        for sign, term in _terms(stmt.expr):
-            if (found := _product(term, decls)) is not None:
+        for sign, term in _terms(expr):
+            if (found := _product(term, decls, self)) is not None:
                 products.append((Factor(sign).times(found[0]), *found[1:]))
             elif (found := _combination(term, decls)) is not None and len(found) == 1:
                 addends += _scaled(found, Factor(sign))
             else:
                 return False
-        out = stmt.target
         for _, factors, _ in products:
             if out in {x.name for terms in factors for x in terms}:
                 return False  # the output read as a whole while it is written
