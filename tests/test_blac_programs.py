@@ -683,13 +683,16 @@ def _nodes(n):
 
 
 def test_a_temporary_too_large_for_the_stack_is_allocated():
-    """(A*B + C) is a temporary of 96 x 96 doubles, 72 KiB, past ``blac.STACK_BYTES``: the
-    kernel allocates it (at 1100 x 1100 on the stack, 9.7 MB, it overflowed Linux's 8 MiB
-    and crashed) and computes the program."""
+    """(A*B + x*y') is a temporary of 96 x 96 doubles, 72 KiB, past ``blac.STACK_BYTES``:
+    the kernel allocates it (at 1100 x 1100 on the stack, 9.7 MB, it overflowed Linux's
+    8 MiB and crashed) and computes the program (the small path's: no GEMM, with the
+    product of vectors)."""
     n = 96
-    kernel = blacc.compile("D = (A*B + C)*E", **{x: M(n, n) for x in "ABCDE"})
+    kernel = blacc.compile("D = (A*B + x*y')*E", x=V(n), y=V(n),
+                           **{name: M(n, n) for name in "ABDE"})
     assert "blacc_alloc(" in kernel.source and "blacc_gemm_" not in kernel.source
     rng = np.random.default_rng(3)
-    A, B, C, E = (rng.uniform(-1, 1, (n, n)) for _ in range(4))
-    np.testing.assert_allclose(kernel(A=A, B=B, C=C, E=E), (A @ B + C) @ E, rtol=1e-12,
-                               atol=1e-10)
+    A, B, E = (rng.uniform(-1, 1, (n, n)) for _ in range(3))
+    x, y = rng.uniform(-1, 1, n), rng.uniform(-1, 1, n)
+    np.testing.assert_allclose(kernel(A=A, B=B, x=x, y=y, E=E), (A @ B + np.outer(x, y)) @ E,
+                               rtol=1e-12, atol=1e-10)

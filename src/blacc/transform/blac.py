@@ -1850,7 +1850,7 @@ def build_module(program: ix.Program, specs: tuple[ArgSpec, ...],
 
 #: The bytes of temporaries a kernel keeps on the stack; larger ones are allocated from
 #: the heap when it starts (a thread's stack may be as small as 128 KiB, musl's default;
-#: D = (A*B + C)*E 1100^3 f64, a temporary of 9.7 MB, overflowed Linux's 8 MiB). A kernel
+#: D = (A*B + x*y')*E 1100^3 f64, a temporary of 9.7 MB, overflowed Linux's 8 MiB). A kernel
 #: with that much to keep computes for far longer than the allocation takes.
 STACK_BYTES = 64 * 1024
 
