@@ -46,11 +46,11 @@ def timing_unit(source: str, entries: Sequence[str], specs: Sequence[ArgSpec],
                 status: bool | Mapping[str, bool] = True) -> str:
     """``source`` (C defining the functions ``entries``, each taking ``specs``; returning
     an int, or nothing without ``status``, given for all or by entry) with a timer per
-    entry: ``double
-    blacc_time_<entry>(long reps, <operands>)``, the seconds ``reps`` back-to-back calls
-    take (thread CPU time)."""
+    entry: ``double blacc_time_<entry>(long reps, <operands>)``, the seconds ``reps``
+    back-to-back calls take (thread CPU time)."""
     if any(s.dtype not in _NP_TYPE for s in specs):
         raise ArgumentError("kernels are timed on float32 and float64 operands only")
+
     def returns(entry: str) -> bool:
         return status if isinstance(status, bool) else status[entry]
 
@@ -125,9 +125,9 @@ def time_kernels(kernels: Sequence[tuple[str, str, Isa]], specs: Sequence[ArgSpe
     """Median seconds per call of each kernel: ``kernels`` are (C source, function name,
     ISA), each function taking parameters ``specs`` (and returning an int status, or
     nothing without ``status``, given for all or by function name); kernels may share a
-    source (one translation unit
-    defining several). Each source is compiled with its timers (``timing_unit``; in
-    parallel, through the kernel cache), and the kernels timed interleaved."""
+    source (one translation unit defining several). Each source is compiled with its
+    timers (``timing_unit``; in parallel, through the kernel cache), and the kernels timed
+    interleaved."""
     if not kernels:
         return []
     units = {}

@@ -90,9 +90,10 @@ class Others:
 @dataclass(frozen=True)
 class GemmProgram:
     """GEMMs computed one after another, and other statements between them where the
-    program has any (``Others``). ``temps``: the scratch products that chains of more
-    than two matrices pass between steps, (name, (rows, cols)), row-major; their names
-    (``$0``, ``$1``...) are no identifier, so no operand's."""
+    program has any (``Others``). ``temps``: the scratch arrays steps pass to later ones
+    (the products inside chains of more than two matrices, factors that are GEMMs
+    themselves), (name, (rows, cols)), row-major; their names (``$0``, ``$1``...) are no
+    identifier, so no operand's."""
 
     steps: tuple[GemmStatement | Others, ...]
     temps: tuple[tuple[str, tuple[int, int]], ...] = ()
