@@ -304,8 +304,8 @@ def test_large_gemm_programs_are_emitted_as_the_spine(tmp_path, case, source, dt
                 seed=len(case), context=source, status=True)
 
 
-# malloc for the test below: fails once ``left`` allocations have succeeded (never
-# where ``left`` < 0), and counts those that did
+# malloc for ``check_failed_allocations``: fails once ``left`` allocations have
+# succeeded (never where ``left`` < 0), and counts those that did
 FAILING_MALLOC = """
 #include <stdlib.h>
 static int left = -1, made = 0;
