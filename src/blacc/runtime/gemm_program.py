@@ -76,8 +76,8 @@ class _Entry:
                  target: Target) -> None:
         self.pointers = {s.name: f"p{i}" for i, s in enumerate(specs) if s.by_pointer}
         # what names a parameter in C: an array's pointer, a scalar's value
-        self.params = {s.name: (f"(*p{i})" if s.by_pointer else f"p{i}")
-                       if s.kind == SCALAR else f"p{i}" for i, s in enumerate(specs)}
+        self.params = {s.name: f"(*p{i})" if s.kind == SCALAR and s.by_pointer else f"p{i}"
+                       for i, s in enumerate(specs)}
         self.dtype = specs[0].dtype
         self.ctype = _C_TYPE[self.dtype]
         self.target = target
@@ -90,7 +90,6 @@ class _Entry:
         # the GEMM module of each plan, its entry taking its packing buffers
         self.gemms: dict[Plan, tuple[Module, tuple[k.Alloc, ...]]] = {}
         self.parts: list[Module] = []  # the small path's kernels of the Others steps
-        self.parts_fail = False  # whether one of them returns a status
 
     def _scratch(self, elements: int, pointer: str = "") -> str:
         """A scratch array of at least ``elements``, new or (``pointer`` given) the
@@ -159,7 +158,6 @@ class _Entry:
         call = f"{entry.name}({args})"
         self.body.append(f"if ({call}) goto done;" if entry.status else f"{call};")
         self.parts.append(module)
-        self.parts_fail = self.parts_fail or entry.status
 
     def step(self, stmt: GemmStatement) -> None:
         """The lines computing ``stmt``, in a block of their own."""
@@ -224,16 +222,16 @@ def gemm_program_source(program: GemmProgram, specs: tuple[ArgSpec, ...], name: 
             entry.step(stmt)
     assert next(others, None) is None, "a kernel for each Others step"
     ctype = entry.ctype
-    # all scratch is allocated before the first step writes anything; every pointer is
-    # NULL or allocated where an allocation fails (blacc_free(NULL) does nothing)
-    head = ["int status = 1;", *(f"{ctype} *{p} = NULL;" for p in entry.scratch)]
-    for pointer, elements in entry.scratch.items():
-        head.append(f"if (!({pointer} = ({ctype} *)blacc_alloc(64, sizeof({ctype}) * "
-                    f"{elements}))) goto done;")
-    tail = ["status = 0;", "done:", *(f"blacc_free({p});" for p in entry.scratch),
-            "return status;"]
-    if not entry.scratch and not entry.parts_fail:
-        head, tail = [], ["return 0;"]  # nothing to allocate, nothing that fails
+    head: list[str] = []
+    tail = ["return 0;"]  # where nothing is allocated and no part can fail
+    if entry.scratch or any(m.function(m.entry).status for m in entry.parts):
+        # all scratch is allocated before the first step writes anything; every pointer
+        # is NULL or allocated where an allocation fails (blacc_free(NULL) does nothing)
+        head = ["int status = 1;", *(f"{ctype} *{p} = NULL;" for p in entry.scratch)]
+        head += [f"if (!({p} = ({ctype} *)blacc_alloc(64, sizeof({ctype}) * {elements}))) "
+                 "goto done;" for p, elements in entry.scratch.items()]
+        tail = ["status = 0;", "done:", *(f"blacc_free({p});" for p in entry.scratch),
+                "return status;"]
     functions: dict[str, Function] = {}
     for module, _ in entry.gemms.values():
         for f in module.functions:  # the packing routines are the same in every plan
